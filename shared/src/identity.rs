@@ -1,0 +1,404 @@
+//! Who a count belongs to: window keys, cells, components and regions, validated.
+//!
+//! The byte bounds come from the global table's unique index (MySQL caps an index at 3,072
+//! bytes of utf8mb4): workspace 191, namespace and identifier 255, region 48. Any UTF-8 is
+//! accepted inside those bounds; the Redis and SQL encodings, not the validation, are what keep
+//! `:`, `{`, `}` and friends from forging another key.
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use core::cmp::Ordering;
+use core::fmt;
+use core::hash::BuildHasher;
+
+use crate::window::{DurationError, WindowDuration};
+
+/// Longest workspace id, in bytes.
+pub const MAX_WORKSPACE_BYTES: usize = 191;
+/// Longest namespace, in bytes.
+pub const MAX_NAMESPACE_BYTES: usize = 255;
+/// Longest identifier, in bytes.
+pub const MAX_IDENTIFIER_BYTES: usize = 255;
+/// Longest region name, in bytes.
+pub const MAX_REGION_BYTES: usize = 48;
+
+/// The identity field an [`IdentityError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// The tenant that owns the counters.
+    Workspace,
+    /// The caller-chosen group of limits.
+    Namespace,
+    /// The subject being limited (an API key, a user, an address).
+    Identifier,
+    /// The region that owns a global component.
+    Region,
+}
+
+impl Field {
+    /// The name the wire format uses.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Field::Workspace => "workspace",
+            Field::Namespace => "namespace",
+            Field::Identifier => "identifier",
+            Field::Region => "region",
+        }
+    }
+}
+
+/// Why an identity was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdentityError {
+    /// The field is the empty string.
+    Empty(Field),
+    /// The field is longer than its bound.
+    TooLong {
+        /// Which field.
+        field: Field,
+        /// Its length in bytes.
+        len: usize,
+        /// The bound in bytes.
+        max: usize,
+    },
+    /// A region name with a byte outside `[A-Za-z0-9._-]`.
+    RegionCharacters,
+    /// The window duration is out of bounds.
+    Duration(DurationError),
+}
+
+impl fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdentityError::Empty(field) => write!(f, "{} must not be empty", field.name()),
+            IdentityError::TooLong { field, len, max } => {
+                write!(
+                    f,
+                    "{} is {len} bytes, at most {max} are allowed",
+                    field.name()
+                )
+            }
+            IdentityError::RegionCharacters => {
+                f.write_str("region may contain only ASCII letters, digits, '.', '_' and '-'")
+            }
+            IdentityError::Duration(err) => err.fmt(f),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for IdentityError {}
+
+impl From<DurationError> for IdentityError {
+    fn from(err: DurationError) -> Self {
+        IdentityError::Duration(err)
+    }
+}
+
+fn check(field: Field, value: &str, max: usize) -> Result<(), IdentityError> {
+    match value.len() {
+        0 => Err(IdentityError::Empty(field)),
+        len if len > max => Err(IdentityError::TooLong { field, len, max }),
+        _ => Ok(()),
+    }
+}
+
+/// A borrowed, validated window key: `(workspace, namespace, identifier, duration)`. Lookups
+/// use this form so the warm path never allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WindowKeyRef<'a> {
+    workspace: &'a str,
+    namespace: &'a str,
+    identifier: &'a str,
+    duration: WindowDuration,
+}
+
+impl<'a> WindowKeyRef<'a> {
+    /// Validates the parts of a window key.
+    pub fn new(
+        workspace: &'a str,
+        namespace: &'a str,
+        identifier: &'a str,
+        duration: WindowDuration,
+    ) -> Result<Self, IdentityError> {
+        check(Field::Workspace, workspace, MAX_WORKSPACE_BYTES)?;
+        check(Field::Namespace, namespace, MAX_NAMESPACE_BYTES)?;
+        check(Field::Identifier, identifier, MAX_IDENTIFIER_BYTES)?;
+        Ok(Self {
+            workspace,
+            namespace,
+            identifier,
+            duration,
+        })
+    }
+
+    /// The owning workspace.
+    pub const fn workspace(&self) -> &'a str {
+        self.workspace
+    }
+    /// The namespace.
+    pub const fn namespace(&self) -> &'a str {
+        self.namespace
+    }
+    /// The identifier.
+    pub const fn identifier(&self) -> &'a str {
+        self.identifier
+    }
+    /// The window length.
+    pub const fn duration(&self) -> WindowDuration {
+        self.duration
+    }
+
+    /// An owned copy (one allocation holding all three strings).
+    pub fn to_owned_key(&self) -> WindowKey {
+        let mut text = String::with_capacity(
+            self.workspace.len() + self.namespace.len() + self.identifier.len(),
+        );
+        text.push_str(self.workspace);
+        text.push_str(self.namespace);
+        text.push_str(self.identifier);
+        WindowKey {
+            text: text.into_boxed_str(),
+            // Validation bounds both lengths to 255 bytes, so they fit in a u8.
+            workspace_len: u8::try_from(self.workspace.len()).unwrap_or(u8::MAX),
+            namespace_len: u8::try_from(self.namespace.len()).unwrap_or(u8::MAX),
+            duration: self.duration,
+        }
+    }
+
+    /// The key's hash under `state`; equal for a key and its owned copy.
+    pub fn hash_with(&self, state: &impl BuildHasher) -> u64 {
+        // `str` hashes with a terminator, so the three parts cannot run into each other.
+        state.hash_one((
+            self.workspace,
+            self.namespace,
+            self.identifier,
+            self.duration.as_ms(),
+        ))
+    }
+
+    fn sort_tuple(&self) -> (&'a str, &'a str, &'a str, u64) {
+        (
+            self.workspace,
+            self.namespace,
+            self.identifier,
+            self.duration.as_ms(),
+        )
+    }
+}
+
+/// Window keys order like the global table's unique key: workspace, namespace, identifier,
+/// duration, each compared byte-wise (the SQL columns use a binary collation to match).
+impl Ord for WindowKeyRef<'_> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.sort_tuple().cmp(&other.sort_tuple())
+    }
+}
+
+impl PartialOrd for WindowKeyRef<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// An owned window key, packed into one allocation to keep large tables small.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct WindowKey {
+    text: Box<str>,
+    workspace_len: u8,
+    namespace_len: u8,
+    duration: WindowDuration,
+}
+
+impl WindowKey {
+    /// Validates and copies the parts of a window key.
+    pub fn new(
+        workspace: &str,
+        namespace: &str,
+        identifier: &str,
+        duration: WindowDuration,
+    ) -> Result<Self, IdentityError> {
+        WindowKeyRef::new(workspace, namespace, identifier, duration).map(|k| k.to_owned_key())
+    }
+
+    /// The borrowed form.
+    pub fn as_ref(&self) -> WindowKeyRef<'_> {
+        let ws = usize::from(self.workspace_len);
+        let ns = ws + usize::from(self.namespace_len);
+        // The lengths were measured on char boundaries when the key was built.
+        WindowKeyRef {
+            workspace: self.text.get(..ws).unwrap_or_default(),
+            namespace: self.text.get(ws..ns).unwrap_or_default(),
+            identifier: self.text.get(ns..).unwrap_or_default(),
+            duration: self.duration,
+        }
+    }
+
+    /// The window length.
+    pub const fn duration(&self) -> WindowDuration {
+        self.duration
+    }
+
+    /// Heap bytes this key holds (for memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        self.text.len()
+    }
+}
+
+impl Ord for WindowKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.as_ref().cmp(&other.as_ref())
+    }
+}
+
+impl PartialOrd for WindowKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Debug for WindowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.as_ref().fmt(f)
+    }
+}
+
+/// One fixed window of a window key: the unit the regional origin counts.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cell {
+    /// The window key.
+    pub key: WindowKey,
+    /// `now_ms / duration_ms` of the window.
+    pub sequence: u64,
+}
+
+impl Cell {
+    /// When the cell stops mattering: `(sequence + 2) * duration`.
+    pub fn expires_at(&self) -> u64 {
+        self.key.duration().expires_at(self.sequence)
+    }
+}
+
+/// A validated region name: 1–48 bytes of `[A-Za-z0-9._-]`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Region(Box<str>);
+
+impl Region {
+    /// Validates a region name.
+    pub fn new(name: &str) -> Result<Self, IdentityError> {
+        check(Field::Region, name, MAX_REGION_BYTES)?;
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(IdentityError::RegionCharacters);
+        }
+        Ok(Self(name.into()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One region's share of a cell in the global G-Counter.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Component {
+    /// The cell.
+    pub cell: Cell,
+    /// The region that owns (and alone writes) this component.
+    pub region: Region,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    fn minute() -> WindowDuration {
+        WindowDuration::from_ms(60_000).unwrap()
+    }
+
+    #[test]
+    fn bounds_are_bytes_not_chars() {
+        let id = "é".repeat(127); // 254 bytes
+        assert!(WindowKeyRef::new("ws", "ns", &id, minute()).is_ok());
+        let id = "é".repeat(128); // 256 bytes
+        assert_eq!(
+            WindowKeyRef::new("ws", "ns", &id, minute()),
+            Err(IdentityError::TooLong {
+                field: Field::Identifier,
+                len: 256,
+                max: 255
+            })
+        );
+        assert!(WindowKeyRef::new(&"w".repeat(191), "ns", "id", minute()).is_ok());
+        assert!(WindowKeyRef::new(&"w".repeat(192), "ns", "id", minute()).is_err());
+        assert!(WindowKeyRef::new("ws", &"n".repeat(256), "id", minute()).is_err());
+    }
+
+    #[test]
+    fn empty_parts_are_named_in_the_error() {
+        let err = WindowKeyRef::new("ws", "", "id", minute()).unwrap_err();
+        assert_eq!(err, IdentityError::Empty(Field::Namespace));
+        assert_eq!(err.to_string(), "namespace must not be empty");
+    }
+
+    #[test]
+    fn owned_key_round_trips_and_hashes_like_the_borrowed_one() {
+        let state = foldhash::quality::FixedState::with_seed(7);
+        let key = WindowKeyRef::new("wörk", "a:b{c}", "ü:{}", minute()).unwrap();
+        let owned = key.to_owned_key();
+        assert_eq!(owned.as_ref(), key);
+        assert_eq!(owned.as_ref().hash_with(&state), key.hash_with(&state));
+    }
+
+    #[test]
+    fn parts_cannot_run_into_each_other() {
+        let state = foldhash::quality::FixedState::with_seed(7);
+        let a = WindowKeyRef::new("ws", "ab", "c", minute()).unwrap();
+        let b = WindowKeyRef::new("ws", "a", "bc", minute()).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a.to_owned_key(), b.to_owned_key());
+        assert_ne!(a.hash_with(&state), b.hash_with(&state));
+    }
+
+    #[test]
+    fn keys_sort_like_the_unique_index() {
+        let k = |ns: &str, id: &str, d: u64| {
+            WindowKey::new("ws", ns, id, WindowDuration::from_ms(d).unwrap()).unwrap()
+        };
+        let mut keys = alloc::vec![
+            k("b", "a", 1000),
+            k("a", "b", 1000),
+            k("a", "a", 2000),
+            k("a", "a", 1000)
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            alloc::vec![
+                k("a", "a", 1000),
+                k("a", "a", 2000),
+                k("a", "b", 1000),
+                k("b", "a", 1000)
+            ]
+        );
+    }
+
+    #[test]
+    fn regions_are_restricted_to_a_safe_alphabet() {
+        assert!(Region::new("eu-west-1").is_ok());
+        assert!(Region::new("us_east.2").is_ok());
+        assert_eq!(Region::new("eu west"), Err(IdentityError::RegionCharacters));
+        assert_eq!(Region::new(""), Err(IdentityError::Empty(Field::Region)));
+        assert!(Region::new(&"r".repeat(49)).is_err());
+    }
+}

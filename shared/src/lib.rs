@@ -1,0 +1,41 @@
+//! `strata-core`: every decision, merge and policy rule of the Strata rate limiter, as pure
+//! functions of their inputs and `now_ms`.
+//!
+//! No I/O and no clock: the shells (the Workers edge, the Envoy filter, the regional gateway)
+//! read the clock, move bytes and hold state; this crate decides. It is `no_std` + `alloc`
+//! unless the additive `std` feature is on (which only adds `std::error::Error` impls), so the
+//! same code runs natively and in `wasm32-unknown-unknown` / `wasm32-wasip1`.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`identity`] | window keys, cells, components, regions, and their bounds |
+//! | [`window`] | fixed-window arithmetic: sequence, elapsed, reset, expiry, decay |
+//! | [`decision`] | the sliding-window decision, single and all-or-nothing |
+//! | [`cell`] | one window key's state: two cells and the strict-mode deadline |
+//! | [`origin`] | which cells to read from the regional origin, and merging its answers |
+//! | [`table`] | the bounded single-threaded LRU table of an edge process |
+//! | [`gcounter`] | the global G-Counter, own/foreign imports and the publish policy |
+//! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
+//! | [`wire`] | the JSON types of gateway API v1 and their validation |
+
+#![cfg_attr(not(feature = "std"), no_std)]
+
+extern crate alloc;
+
+pub mod cell;
+pub mod decision;
+pub mod gcounter;
+pub mod headers;
+pub mod identity;
+pub mod origin;
+pub mod table;
+pub mod window;
+pub mod wire;
+
+pub use cell::{CellState, WindowState};
+pub use decision::{Counts, Decision, LimitCheck, MultiDecision, WindowCounts, decide_all};
+pub use gcounter::{FlushRow, GCounter, PublishPolicy};
+pub use identity::{Cell, Component, IdentityError, Region, WindowKey, WindowKeyRef};
+pub use origin::{OriginPolicy, ReadPlan, ReadReason};
+pub use table::{CounterTable, LimitRequest, MultiStep, Step, TableConfig};
+pub use window::WindowDuration;

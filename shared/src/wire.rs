@@ -1,0 +1,463 @@
+//! The JSON wire types of gateway API v1 (DESIGN section 4), and their validation.
+//!
+//! Parsing is the shell's job (serde_json in the gateway and edges); validation is here, so
+//! every shell rejects the same inputs with the same codes and messages. Counts and costs are
+//! capped at 2^53 - 1 so they survive a JavaScript number unchanged.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Counts, Decision};
+use crate::identity::{IdentityError, WindowKeyRef};
+use crate::table::LimitRequest;
+use crate::window::WindowDuration;
+
+/// Most limits in one multi-limit or origin-decide request.
+pub const MAX_MULTI_LIMITS: usize = 32;
+/// Most cells or events in one origin read or replay batch.
+pub const MAX_BATCH: usize = 1_000;
+/// Largest request body a gateway accepts, in bytes.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Longest instance id of an origin-decide caller, in bytes.
+pub const MAX_INSTANCE_BYTES: usize = 64;
+/// Largest limit, cost or count: the largest integer a JavaScript number holds exactly.
+pub const MAX_COUNT: u64 = (1 << 53) - 1;
+
+/// The error codes of the API, each with its HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// 400: the request is malformed or a value is out of bounds.
+    InvalidRequest,
+    /// 401: no or unknown credentials.
+    Unauthorized,
+    /// 403: the credentials may not do this.
+    Forbidden,
+    /// 404: no such endpoint.
+    NotFound,
+    /// 405: the endpoint exists but not for this method.
+    MethodNotAllowed,
+    /// 413: the body or batch is larger than allowed.
+    PayloadTooLarge,
+    /// 503: the regional origin could not be reached for a read.
+    OriginUnavailable,
+}
+
+impl ErrorCode {
+    /// The code as it appears in the error body.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::OriginUnavailable => "origin_unavailable",
+        }
+    }
+
+    /// The HTTP status that carries it.
+    pub const fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::OriginUnavailable => 503,
+        }
+    }
+}
+
+/// A rejected request: a code and a message that names the offending field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireError {
+    /// What kind of error.
+    pub code: ErrorCode,
+    /// For the caller: which field, and why.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with a code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(path: &str, message: impl fmt::Display) -> Self {
+        Self::new(ErrorCode::InvalidRequest, format!("{path}: {message}"))
+    }
+
+    /// The JSON body that carries it.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.as_str().to_string(),
+                message: self.message.clone(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for WireError {}
+
+/// `{"error":{"code","message"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The inside of [`ErrorBody`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Machine-readable code.
+    pub code: String,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+const fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/ratelimit` body, and one limit of the multi and decide endpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RatelimitRequest {
+    /// Group of limits.
+    pub namespace: String,
+    /// Subject being limited.
+    pub identifier: String,
+    /// Allowed cost per window.
+    pub limit: u64,
+    /// Window length in milliseconds.
+    pub duration: u64,
+    /// Cost of this request (default 1; 0 only checks).
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+/// `POST /v1/ratelimit` answer, and one result of the multi endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RatelimitResponse {
+    /// Whether the request may proceed.
+    pub success: bool,
+    /// The limit applied.
+    pub limit: u64,
+    /// What is left (see [`Decision::remaining`]).
+    pub remaining: u64,
+    /// Unix ms at which the current window ends.
+    pub reset: u64,
+}
+
+impl From<&Decision> for RatelimitResponse {
+    fn from(d: &Decision) -> Self {
+        Self {
+            success: d.success,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: d.reset_ms,
+        }
+    }
+}
+
+/// `POST /v1/ratelimit/multi` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiRequest {
+    /// The limits, decided all or nothing.
+    pub limits: Vec<RatelimitRequest>,
+}
+
+/// `POST /v1/ratelimit/multi` answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiResponse {
+    /// True only if every limit passed (and then all were counted).
+    pub success: bool,
+    /// One result per limit, in request order.
+    pub results: Vec<RatelimitResponse>,
+}
+
+/// One cell of an origin read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellRequest {
+    /// Group of limits.
+    pub namespace: String,
+    /// Subject being limited.
+    pub identifier: String,
+    /// Window length in milliseconds.
+    pub duration: u64,
+    /// The window's sequence.
+    pub sequence: u64,
+}
+
+/// `POST /v1/origin/read` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadRequest {
+    /// Cells to read.
+    pub cells: Vec<CellRequest>,
+}
+
+/// `POST /v1/origin/read` and `/v1/origin/replay` answer: counts in request order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellsResponse {
+    /// One entry per requested cell or event.
+    pub cells: Vec<Counts>,
+}
+
+/// One accepted request (or several, summed) replayed to the origin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayEvent {
+    /// Group of limits.
+    pub namespace: String,
+    /// Subject being limited.
+    pub identifier: String,
+    /// Window length in milliseconds.
+    pub duration: u64,
+    /// The window's sequence.
+    pub sequence: u64,
+    /// Cost admitted locally.
+    pub cost: u64,
+    /// The limit it was admitted under (the origin's publish floor follows it).
+    pub limit: u64,
+}
+
+/// `POST /v1/origin/replay` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayRequest {
+    /// Events; those of one cell are summed before they reach Redis.
+    pub events: Vec<ReplayEvent>,
+}
+
+/// `POST /v1/origin/decide` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecideRequest {
+    /// The caller's random instance id, counted into `peers`.
+    pub instance: String,
+    /// The limits, decided all or nothing at the origin.
+    pub limits: Vec<RatelimitRequest>,
+}
+
+/// One limit of a `POST /v1/origin/decide` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecideResult {
+    /// The limit applied.
+    pub limit: u64,
+    /// What is left.
+    pub remaining: u64,
+    /// Unix ms at which the current window ends.
+    pub reset: u64,
+    /// The current window's sequence on the gateway's clock (limits of different durations
+    /// have different sequences, so each result carries its own).
+    pub sequence: u64,
+    /// The current cell after the decision.
+    pub current: Counts,
+    /// The previous cell.
+    pub previous: Counts,
+    /// Distinct instances that recently wrote to the cell.
+    pub peers: u32,
+}
+
+/// `POST /v1/origin/decide` answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecideResponse {
+    /// True only if every limit passed (and then all were counted).
+    pub success: bool,
+    /// The first limit's sequence (kept for the contract; each result has its own).
+    pub sequence: u64,
+    /// One result per limit, in request order.
+    pub results: Vec<DecideResult>,
+}
+
+/// A validated cell: a window key and a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CellRef<'a> {
+    /// The window key.
+    pub key: WindowKeyRef<'a>,
+    /// The window's sequence.
+    pub sequence: u64,
+}
+
+/// A validated replay event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayRef<'a> {
+    /// The cell it counts on.
+    pub cell: CellRef<'a>,
+    /// Cost admitted.
+    pub cost: u64,
+    /// The limit it was admitted under.
+    pub limit: u64,
+}
+
+fn key<'a>(
+    path: &str,
+    workspace: &'a str,
+    namespace: &'a str,
+    identifier: &'a str,
+    duration_ms: u64,
+) -> Result<WindowKeyRef<'a>, WireError> {
+    let duration = WindowDuration::from_ms(duration_ms)
+        .map_err(|e| WireError::invalid(&format!("{path}duration"), e))?;
+    WindowKeyRef::new(workspace, namespace, identifier, duration).map_err(|e| {
+        let field = match e {
+            IdentityError::Empty(f) | IdentityError::TooLong { field: f, .. } => f.name(),
+            _ => "key",
+        };
+        WireError::invalid(&format!("{path}{field}"), e)
+    })
+}
+
+fn count(path: &str, field: &str, value: u64) -> Result<u64, WireError> {
+    if value > MAX_COUNT {
+        return Err(WireError::invalid(
+            &format!("{path}{field}"),
+            format_args!("must be at most {MAX_COUNT}, got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn sequence(path: &str, key: &WindowKeyRef<'_>, sequence: u64) -> Result<u64, WireError> {
+    // A sequence whose window would start past the end of u64 milliseconds is no real clock.
+    if sequence > u64::MAX / key.duration().as_ms() - 2 {
+        return Err(WireError::invalid(
+            &format!("{path}sequence"),
+            "is out of range",
+        ));
+    }
+    Ok(sequence)
+}
+
+fn batch<T>(what: &str, items: &[T], min: usize, max: usize) -> Result<(), WireError> {
+    if items.len() < min {
+        return Err(WireError::invalid(
+            what,
+            format_args!("needs at least {min} entry"),
+        ));
+    }
+    if items.len() > max {
+        return Err(WireError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("{what}: {} entries, at most {max} are allowed", items.len()),
+        ));
+    }
+    Ok(())
+}
+
+impl RatelimitRequest {
+    /// Validates one limit for `workspace` (the one the caller's token binds).
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<LimitRequest<'a>, WireError> {
+        self.validate_at("", workspace)
+    }
+
+    fn validate_at<'a>(
+        &'a self,
+        path: &str,
+        workspace: &'a str,
+    ) -> Result<LimitRequest<'a>, WireError> {
+        Ok(LimitRequest {
+            key: key(
+                path,
+                workspace,
+                &self.namespace,
+                &self.identifier,
+                self.duration,
+            )?,
+            limit: count(path, "limit", self.limit)?,
+            cost: count(path, "cost", self.cost)?,
+        })
+    }
+}
+
+fn validate_limits<'a>(
+    limits: &'a [RatelimitRequest],
+    workspace: &'a str,
+) -> Result<Vec<LimitRequest<'a>>, WireError> {
+    batch("limits", limits, 1, MAX_MULTI_LIMITS)?;
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| l.validate_at(&format!("limits[{i}]."), workspace))
+        .collect()
+}
+
+impl MultiRequest {
+    /// Validates every limit (1 ..= `MAX_MULTI_LIMITS`).
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<LimitRequest<'a>>, WireError> {
+        validate_limits(&self.limits, workspace)
+    }
+}
+
+impl DecideRequest {
+    /// Validates the instance id (1–64 bytes of `[A-Za-z0-9_-]`) and every limit.
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<LimitRequest<'a>>, WireError> {
+        let ok = (1..=MAX_INSTANCE_BYTES).contains(&self.instance.len())
+            && self
+                .instance
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(WireError::invalid(
+                "instance",
+                format_args!(
+                    "must be 1 to {MAX_INSTANCE_BYTES} bytes of letters, digits, '-' and '_'"
+                ),
+            ));
+        }
+        validate_limits(&self.limits, workspace)
+    }
+}
+
+impl ReadRequest {
+    /// Validates every cell (0 ..= `MAX_BATCH`).
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<CellRef<'a>>, WireError> {
+        batch("cells", &self.cells, 0, MAX_BATCH)?;
+        self.cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let path = format!("cells[{i}].");
+                let key = key(&path, workspace, &c.namespace, &c.identifier, c.duration)?;
+                let sequence = sequence(&path, &key, c.sequence)?;
+                Ok(CellRef { key, sequence })
+            })
+            .collect()
+    }
+}
+
+impl ReplayRequest {
+    /// Validates every event (0 ..= `MAX_BATCH`).
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<ReplayRef<'a>>, WireError> {
+        batch("events", &self.events, 0, MAX_BATCH)?;
+        self.events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let path = format!("events[{i}].");
+                let key = key(&path, workspace, &e.namespace, &e.identifier, e.duration)?;
+                Ok(ReplayRef {
+                    cell: CellRef {
+                        key,
+                        sequence: sequence(&path, &key, e.sequence)?,
+                    },
+                    cost: count(&path, "cost", e.cost)?,
+                    limit: count(&path, "limit", e.limit)?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,159 @@
+//! Property tests: the CRDT laws of the global counter, and the bounds of the decision.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
+
+use proptest::prelude::*;
+use strata_core::{Counts, GCounter, Region, WindowDuration, WindowKeyRef, WindowState};
+
+fn regions() -> Vec<Region> {
+    ["eu", "us", "ap", "sa", "af"]
+        .iter()
+        .map(|r| Region::new(r).unwrap())
+        .collect()
+}
+
+fn gcounter() -> impl Strategy<Value = GCounter> {
+    prop::collection::vec((0..5_usize, 0..1_000_000_u64), 0..12).prop_map(|obs| {
+        let regions = regions();
+        let mut g = GCounter::new();
+        for (r, c) in obs {
+            g.observe(&regions[r], c);
+        }
+        g
+    })
+}
+
+fn merged(a: &GCounter, b: &GCounter) -> GCounter {
+    let mut m = a.clone();
+    m.merge(b);
+    m
+}
+
+proptest! {
+    #[test]
+    fn gcounter_merge_is_monotonic(a in gcounter(), b in gcounter()) {
+        let m = merged(&a, &b);
+        for r in regions() {
+            prop_assert!(m.component(&r) >= a.component(&r));
+            prop_assert!(m.component(&r) >= b.component(&r));
+        }
+        prop_assert!(m.value() >= a.value().max(b.value()));
+    }
+
+    #[test]
+    fn gcounter_merge_is_idempotent(a in gcounter(), b in gcounter()) {
+        prop_assert_eq!(merged(&a, &a), a.clone());
+        let m = merged(&a, &b);
+        prop_assert_eq!(merged(&m, &b), m);
+    }
+
+    #[test]
+    fn gcounter_merge_is_commutative(a in gcounter(), b in gcounter()) {
+        prop_assert_eq!(merged(&a, &b), merged(&b, &a));
+    }
+
+    #[test]
+    fn gcounter_merge_is_associative(a in gcounter(), b in gcounter(), c in gcounter()) {
+        prop_assert_eq!(merged(&merged(&a, &b), &c), merged(&a, &merged(&b, &c)));
+    }
+
+    #[test]
+    fn foreign_sum_plus_own_is_the_value(a in gcounter(), r in 0..5_usize) {
+        let own = &regions()[r];
+        prop_assert_eq!(a.foreign_sum(own) + a.component(own), a.value());
+    }
+
+    #[test]
+    fn counts_merge_is_a_join(a in (0..100_u64, 0..100_u64), b in (0..100_u64, 0..100_u64)) {
+        let (a, b) = (Counts { regional: a.0, global: a.1 }, Counts { regional: b.0, global: b.1 });
+        let mut ab = a; ab.merge(b);
+        let mut ba = b; ba.merge(a);
+        prop_assert_eq!(ab, ba);
+        let mut aba = ab; aba.merge(a);
+        prop_assert_eq!(aba, ab);
+        prop_assert!(ab.regional >= a.regional && ab.global >= b.global);
+    }
+}
+
+/// A request arriving `gap` ms after the previous one with `cost`.
+fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec((0..700_u64, 0..4_u64), 1..300)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// However requests arrive, a single table never admits more than `limit` within one
+    /// fixed window, and after every pass the sliding estimate it decided on is within limit.
+    #[test]
+    fn a_single_table_never_admits_more_than_the_limit_in_a_window(
+        limit in 0..20_u64,
+        duration_s in 1..4_u64,
+        start in 0..10_000_u64,
+        arrivals in arrivals(),
+    ) {
+        let d = WindowDuration::from_ms(duration_s * 1_000).unwrap();
+        let mut state = WindowState::new(d, start);
+        let mut now = start;
+        let mut admitted_in: std::collections::BTreeMap<u64, u64> = Default::default();
+        for (gap, cost) in arrivals {
+            now += gap;
+            let mut rolled = state;
+            rolled.roll(d, now);
+            let decision = state.decide(d, limit, cost, now);
+            if decision.success {
+                let w = admitted_in.entry(d.sequence(now)).or_default();
+                *w += cost;
+                prop_assert!(*w <= limit, "window {} admitted {} > {}", d.sequence(now), w, limit);
+                prop_assert_eq!(state.counts().current.regional, rolled.counts().current.regional + cost);
+            } else {
+                prop_assert_eq!(state.counts(), rolled.counts(), "a denial counts nothing");
+            }
+            prop_assert!(decision.remaining <= limit);
+        }
+    }
+
+    /// Retry-After is honest: waiting exactly that long, the same request passes, and a
+    /// millisecond less is not enough.
+    #[test]
+    fn retry_after_is_the_earliest_pass(
+        limit in 1..30_u64,
+        cost in 0..35_u64,
+        current in 0..60_u64,
+        previous in 0..60_u64,
+        at in 0..60_000_u64,
+    ) {
+        let d = WindowDuration::from_ms(60_000).unwrap();
+        let t0 = 60_000 * 1_000;
+        let mut state = WindowState::new(d, t0);
+        state.apply_origin(1_000, Counts { regional: current, global: 0 }, t0, &Default::default());
+        state.apply_origin(999, Counts { regional: previous, global: 0 }, t0, &Default::default());
+        let now = t0 + at;
+        let decision = state.decide(d, limit, cost, now);
+        match (decision.success, decision.retry_after_ms) {
+            (true, retry) => prop_assert_eq!(retry, Some(0)),
+            (false, None) => prop_assert!(cost > limit),
+            (false, Some(wait)) => {
+                prop_assert!(wait > 0);
+                prop_assert!(state.decide(d, limit, cost, now + wait).success);
+                prop_assert!(!state.decide(d, limit, cost, now + wait - 1).success);
+            }
+        }
+    }
+
+    /// A key's hash and equality do not depend on whether it is borrowed or owned.
+    #[test]
+    fn owned_and_borrowed_keys_agree(ns in "\\PC{1,20}", id in "\\PC{1,40}") {
+        let d = WindowDuration::from_ms(1_000).unwrap();
+        let k = WindowKeyRef::new("ws", &ns, &id, d).unwrap();
+        let state = foldhash::quality::FixedState::with_seed(3);
+        let owned = k.to_owned_key();
+        prop_assert_eq!(owned.as_ref(), k);
+        prop_assert_eq!(owned.as_ref().hash_with(&state), k.hash_with(&state));
+    }
+}

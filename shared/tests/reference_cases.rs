@@ -1,0 +1,263 @@
+//! The cases the reference documents call out, each pinned by name, driven through the
+//! table as an edge process would drive it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
+
+use strata_core::origin::ReadReason;
+use strata_core::table::{LimitRequest, Step};
+use strata_core::{CounterTable, Counts, PublishPolicy, TableConfig, WindowDuration, WindowKeyRef};
+
+const MINUTE_MS: u64 = 60_000;
+const T0: u64 = 28_333_333 * MINUTE_MS; // start of a minute window
+
+fn minute() -> WindowDuration {
+    WindowDuration::from_ms(MINUTE_MS).unwrap()
+}
+
+fn key(id: &str) -> WindowKeyRef<'_> {
+    WindowKeyRef::new("ws", "api", id, minute()).unwrap()
+}
+
+fn table() -> CounterTable {
+    CounterTable::new(TableConfig::default(), 42)
+}
+
+/// Answers a read plan as an origin that holds nothing yet would.
+fn warm_up(t: &mut CounterTable, k: WindowKeyRef<'_>, limit: u64, now: u64) {
+    if let Step::Read(plan) = t.check(k, limit, 0, now) {
+        for (sequence, _) in plan.cells() {
+            assert!(t.apply_origin(k, sequence, Counts::default(), now));
+        }
+    }
+}
+
+#[test]
+fn cold_oversized_request_consumes_and_propagates_nothing() {
+    let mut t = table();
+    let k = key("big-spender");
+    let Step::Read(plan) = t.check(k, 10, 11, T0) else {
+        panic!("a cold key must read the origin first");
+    };
+    assert_eq!(plan.current, Some(ReadReason::Cold));
+    for (sequence, _) in plan.cells() {
+        t.apply_origin(k, sequence, Counts::default(), T0);
+    }
+    let d = t.decide(k, 10, 11, T0);
+    assert!(!d.success);
+    assert_eq!(d.remaining, 10, "nothing was spent");
+    assert_eq!(
+        d.retry_after_ms, None,
+        "a cost above the limit never passes"
+    );
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 0);
+    let policy = PublishPolicy::from_fraction(0.0).unwrap();
+    assert!(
+        t.flush_candidates(&policy, T0).is_empty(),
+        "nothing to publish, even at floor 0"
+    );
+}
+
+#[test]
+fn previous_window_bleed_in_of_8_of_10_is_not_pinned_globally() {
+    let mut t = table();
+    let k = key("steady");
+    warm_up(&mut t, k, 10, T0);
+    for i in 0..8 {
+        assert!(t.decide(k, 10, 1, T0 + 1_000 * i).success);
+    }
+    let policy = PublishPolicy::default();
+    let rows = t.flush_candidates(&policy, T0 + 30_000);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].count, 8);
+    t.commit_flush(&rows);
+
+    // Start of window N+1: floor(8 * 0.99) = 7 still weighs; a cost-4 request is denied.
+    let now = T0 + MINUTE_MS + 600;
+    let d = t.decide(k, 10, 4, now);
+    assert!(!d.success);
+    assert_eq!(d.remaining, 3);
+    // The denial counts nothing and publishes nothing: window N+1 is at 0, not pinned at 10.
+    let state = t.get(k).unwrap();
+    assert_eq!(state.current().counts().regional, 0);
+    assert!(t.flush_candidates(&policy, now).is_empty());
+
+    // Another region that imported window N's 8 sees the same decay, not a verdict.
+    let mut other = table();
+    let seq_n = minute().sequence(T0);
+    assert!(other.apply_sync(k, seq_n, 0, 8, now));
+    warm_up(&mut other, k, 10, now);
+    assert!(other.decide(k, 10, 3, now).success, "7 + 3 <= 10");
+}
+
+#[test]
+fn cost_zero_checks_without_counting() {
+    let mut t = table();
+    let k = key("peek");
+    warm_up(&mut t, k, 5, T0);
+    for _ in 0..5 {
+        assert!(t.decide(k, 5, 1, T0).success);
+    }
+    let d = t.decide(k, 5, 0, T0);
+    assert!(d.success, "at the limit, a check still fits");
+    assert_eq!(d.remaining, 0);
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 5);
+    assert!(!t.decide(k, 5, 1, T0).success);
+}
+
+#[test]
+fn limit_zero_denies_everything() {
+    let mut t = table();
+    let k = key("blocked");
+    warm_up(&mut t, k, 0, T0);
+    for cost in [0, 1, 100] {
+        let d = t.decide(k, 0, cost, T0);
+        assert!(!d.success);
+        assert_eq!(d.retry_after_ms, None);
+    }
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 0);
+}
+
+#[test]
+fn multi_limit_rolls_back_when_a_later_limit_denies() {
+    let mut t = table();
+    let (a, b) = (key("per-user"), key("per-org"));
+    warm_up(&mut t, a, 100, T0);
+    warm_up(&mut t, b, 2, T0);
+    let req = |cost| {
+        [
+            LimitRequest {
+                key: a,
+                limit: 100,
+                cost,
+            },
+            LimitRequest {
+                key: b,
+                limit: 2,
+                cost,
+            },
+        ]
+    };
+    assert!(t.decide_all(&req(1), T0).unwrap().success);
+    assert!(t.decide_all(&req(1), T0).unwrap().success);
+    let m = t.decide_all(&req(1), T0).unwrap();
+    assert!(!m.success);
+    assert!(m.decisions[0].success && !m.decisions[1].success);
+    assert_eq!(
+        m.decisions[0].remaining, 98,
+        "the passing limit was not charged"
+    );
+    assert_eq!(t.get(a).unwrap().current().counts().regional, 2);
+    assert_eq!(t.get(b).unwrap().current().counts().regional, 2);
+    assert_eq!(
+        t.get(a).unwrap().strict_until(),
+        0,
+        "only the denying limit turns strict"
+    );
+    assert!(t.get(b).unwrap().strict_until() > T0);
+}
+
+#[test]
+fn own_row_import_never_freshens_and_only_raises() {
+    let mut t = table();
+    let k = key("recovered");
+    let seq = minute().sequence(T0);
+    // The regional origin lost its data, but this region had published 40.
+    assert!(t.apply_sync(k, seq, 40, 0, T0));
+    let cell = *t.get(k).unwrap().current();
+    assert_eq!(
+        cell.counts(),
+        Counts {
+            regional: 40,
+            global: 0
+        }
+    );
+    assert!(
+        !cell.is_warm() && !cell.is_fresh(T0),
+        "still read from the origin first"
+    );
+    assert!(matches!(t.check(k, 100, 1, T0), Step::Read(_)));
+    assert!(t.apply_sync(k, seq, 10, 0, T0));
+    assert_eq!(
+        t.get(k).unwrap().current().counts().regional,
+        40,
+        "a lower value is ignored"
+    );
+    assert_eq!(t.stats().created_by_sync, 1);
+    assert!(
+        t.flush_candidates(&PublishPolicy::default(), T0).is_empty(),
+        "the imported value is already in the table: no republish"
+    );
+}
+
+#[test]
+fn foreign_counts_are_never_published() {
+    let mut t = table();
+    let k = key("shared");
+    let seq = minute().sequence(T0);
+    warm_up(&mut t, k, 100, T0);
+    assert!(t.apply_sync(k, seq, 0, 50, T0));
+    assert!(t.flush_candidates(&PublishPolicy::default(), T0).is_empty());
+    assert!(t.decide(k, 100, 1, T0).success);
+    let rows = t.flush_candidates(&PublishPolicy::default(), T0);
+    assert_eq!(
+        rows.len(),
+        1,
+        "another region published: every unit is worth writing"
+    );
+    assert_eq!(rows[0].count, 1, "our count only, never the 50 we imported");
+    assert_eq!(t.get(k).unwrap().current().counts().global, 50);
+}
+
+#[test]
+fn strict_mode_survives_the_sequence_rollover() {
+    let mut t = table();
+    let k = key("hammer");
+    warm_up(&mut t, k, 1, T0);
+    assert!(t.decide(k, 1, 1, T0 + 50_000).success);
+    assert!(!t.decide(k, 1, 1, T0 + 55_000).success);
+    // Next window: both cells get fresh answers, yet the key is still strict.
+    let now = T0 + MINUTE_MS + 1_000;
+    let seq = minute().sequence(now);
+    t.apply_origin(k, seq, Counts::default(), now);
+    t.apply_origin(
+        k,
+        seq - 1,
+        Counts {
+            regional: 1,
+            global: 0,
+        },
+        now,
+    );
+    let Step::Read(plan) = t.check(k, 1, 1, now) else {
+        panic!("a strict key must not pass locally");
+    };
+    assert_eq!(plan.current, Some(ReadReason::Strict));
+    assert_eq!(plan.previous, None);
+}
+
+#[test]
+fn a_failed_read_is_not_fresh() {
+    let mut t = table();
+    let k = key("origin-down");
+    let Step::Read(plan) = t.check(k, 10, 1, T0) else {
+        panic!("cold");
+    };
+    for (sequence, _) in plan.cells() {
+        assert!(t.fail_origin(k, sequence, T0));
+    }
+    assert!(
+        t.decide(k, 10, 1, T0).success,
+        "falls back to the local count"
+    );
+    let state = t.get(k).unwrap();
+    assert!(!state.current().is_fresh(T0) && !state.current().is_warm());
+    // Within the retry delay decisions stay local; after it the origin is tried again.
+    assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Decided(_)));
+    assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Read(_)));
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
+}

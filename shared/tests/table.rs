@@ -1,0 +1,226 @@
+//! The local table's bookkeeping: eviction order, expiry, flush and memory.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
+
+use strata_core::table::{LimitRequest, MIN_CAPACITY, Step};
+use strata_core::{CounterTable, Counts, PublishPolicy, TableConfig, WindowDuration, WindowKeyRef};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn second() -> WindowDuration {
+    WindowDuration::from_ms(1_000).unwrap()
+}
+
+fn small(capacity: usize) -> CounterTable {
+    CounterTable::new(
+        TableConfig {
+            capacity,
+            ..TableConfig::default()
+        },
+        1,
+    )
+}
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("user-{i}")).collect()
+}
+
+fn key(id: &str) -> WindowKeyRef<'_> {
+    WindowKeyRef::new("ws", "ns", id, second()).unwrap()
+}
+
+#[test]
+fn capacity_is_never_exceeded_and_the_least_recently_used_goes_first() {
+    let ids = names(MIN_CAPACITY + 2);
+    let mut t = small(MIN_CAPACITY);
+    for id in &ids[..MIN_CAPACITY] {
+        t.decide(key(id), 10, 1, T0);
+    }
+    // Touch user-0, so user-1 is now the least recently used.
+    t.decide(key(&ids[0]), 10, 1, T0);
+    t.decide(key(&ids[MIN_CAPACITY]), 10, 1, T0);
+    assert_eq!(t.len(), MIN_CAPACITY);
+    assert!(t.get(key(&ids[0])).is_some());
+    assert!(
+        t.get(key(&ids[1])).is_none(),
+        "least recently used was evicted"
+    );
+    assert!(t.get(key(&ids[2])).is_some());
+    t.decide(key(&ids[MIN_CAPACITY + 1]), 10, 1, T0);
+    assert!(t.get(key(&ids[2])).is_none());
+    assert_eq!(t.stats().evicted, 2);
+}
+
+#[test]
+fn an_evicted_key_comes_back_cold() {
+    let ids = names(MIN_CAPACITY + 1);
+    let mut t = small(MIN_CAPACITY);
+    for id in &ids {
+        t.decide(key(id), 10, 1, T0);
+    }
+    assert!(matches!(t.check(key(&ids[0]), 10, 1, T0), Step::Read(_)));
+}
+
+#[test]
+fn capacity_below_the_minimum_is_raised() {
+    let t = small(1);
+    assert_eq!(t.config().capacity, MIN_CAPACITY);
+}
+
+#[test]
+fn purge_drops_only_entries_whose_cells_expired() {
+    let ids = names(10);
+    let mut t = small(100);
+    for id in &ids[..5] {
+        t.decide(key(id), 10, 1, T0);
+    }
+    for id in &ids[5..] {
+        t.decide(key(id), 10, 1, T0 + 1_500);
+    }
+    // At T0 + 2000 the first five (window T0) expire; the rest (window T0+1000) do not.
+    assert_eq!(t.purge_expired(T0 + 2_000, 100), 5);
+    assert_eq!(t.len(), 5);
+    assert!(t.get(key(&ids[5])).is_some());
+    assert_eq!(t.stats().expired, 5);
+    // Freed slots are reused before the table grows.
+    let before = t.heap_bytes();
+    for id in &ids[..5] {
+        t.decide(key(id), 10, 1, T0 + 2_000);
+    }
+    assert_eq!(t.len(), 10);
+    assert!(t.heap_bytes() <= before + 64, "slots were recycled");
+}
+
+#[test]
+fn flush_rows_are_sorted_and_commit_only_what_was_written() {
+    let mut t = small(100);
+    for id in ["c", "a", "b"] {
+        for _ in 0..5 {
+            t.decide(key(id), 10, 1, T0);
+        }
+    }
+    let policy = PublishPolicy::default();
+    let rows = t.flush_candidates(&policy, T0 + 10);
+    let ids: Vec<&str> = rows.iter().map(|r| r.key.as_ref().identifier()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(
+        rows.iter()
+            .all(|r| r.count == 5 && r.expires_at == T0 + 2_000)
+    );
+    // Commit only the first two (as if the third chunk failed): it is offered again.
+    t.commit_flush(&rows[..2]);
+    t.decide(key("a"), 10, 1, T0 + 20);
+    let again = t.flush_candidates(&policy, T0 + 30);
+    let ids: Vec<(&str, u64)> = again
+        .iter()
+        .map(|r| (r.key.as_ref().identifier(), r.count))
+        .collect();
+    assert_eq!(ids, [("a", 6), ("c", 5)]);
+}
+
+#[test]
+fn expired_cells_are_not_flushed() {
+    let mut t = small(100);
+    for _ in 0..5 {
+        t.decide(key("late"), 10, 1, T0);
+    }
+    assert_eq!(
+        t.flush_candidates(&PublishPolicy::default(), T0 + 1_999)
+            .len(),
+        1
+    );
+    assert!(
+        t.flush_candidates(&PublishPolicy::default(), T0 + 2_000)
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_multi_limit_naming_one_key_twice_is_charged_twice() {
+    let mut t = small(100);
+    let k = key("twice");
+    let limits = [
+        LimitRequest {
+            key: k,
+            limit: 3,
+            cost: 1,
+        },
+        LimitRequest {
+            key: k,
+            limit: 3,
+            cost: 1,
+        },
+    ];
+    assert!(t.decide_all(&limits, T0).unwrap().success);
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
+    assert!(!t.decide_all(&limits, T0).unwrap().success, "2 + 2 > 3");
+    assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
+}
+
+#[test]
+fn multi_check_asks_for_reads_before_counting_anything() {
+    let mut t = small(100);
+    let (a, b) = (key("a"), key("b"));
+    t.apply_origin(a, second().sequence(T0), Counts::default(), T0);
+    t.apply_origin(a, second().sequence(T0) - 1, Counts::default(), T0);
+    let limits = [
+        LimitRequest {
+            key: a,
+            limit: 3,
+            cost: 1,
+        },
+        LimitRequest {
+            key: b,
+            limit: 3,
+            cost: 1,
+        },
+    ];
+    let strata_core::MultiStep::Read(reads) = t.check_all(&limits, T0).unwrap() else {
+        panic!("b is cold");
+    };
+    assert_eq!(reads.len(), 1);
+    assert_eq!(reads[0].0, 1);
+    assert_eq!(t.get(a).unwrap().current().counts().regional, 0);
+}
+
+#[test]
+fn too_many_limits_for_the_table_is_an_error_not_a_panic() {
+    let ids = names(MIN_CAPACITY + 1);
+    let mut t = small(MIN_CAPACITY);
+    let limits: Vec<LimitRequest<'_>> = ids
+        .iter()
+        .map(|id| LimitRequest {
+            key: key(id),
+            limit: 1,
+            cost: 1,
+        })
+        .collect();
+    assert!(t.decide_all(&limits, T0).is_err());
+}
+
+#[test]
+fn a_full_table_holds_its_memory_flat() {
+    let ids = names(5_000);
+    let mut t = small(1_000);
+    for id in &ids[..1_000] {
+        t.decide(key(id), 10, 1, T0);
+    }
+    let full = t.heap_bytes();
+    for id in &ids[1_000..] {
+        t.decide(key(id), 10, 1, T0);
+    }
+    assert_eq!(t.len(), 1_000);
+    // The later keys are up to 3 bytes longer ("user-4999" vs "user-0"); slots and index,
+    // about 200 bytes an entry, do not grow at all.
+    assert!(
+        t.heap_bytes() <= full + 3 * 1_000,
+        "{} > {}",
+        t.heap_bytes(),
+        full
+    );
+}

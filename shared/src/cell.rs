@@ -1,8 +1,9 @@
-//! What one process knows about a window key: its current and previous cells and the
-//! strict-mode deadline, rolled forward by sequence as time passes.
+//! What one process knows about a window key: its current and previous cells, the latest
+//! limit and the strict-mode deadline, rolled forward by sequence as time passes.
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
-//! shard, Envoy shared data): the decision, merge and publish rules all act on it.
+//! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
+//! to 104 bytes so a table slot (with its 24-byte key) is exactly two cache lines.
 
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
 use crate::window::WindowDuration;
@@ -10,60 +11,42 @@ use crate::window::WindowDuration;
 /// One fixed window as a process sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CellState {
-    pub(crate) sequence: u64,
     pub(crate) counts: Counts,
-    /// Set once an origin answer (read, replay or decision) has been merged.
-    pub(crate) warm: bool,
-    /// Until when the last origin answer is trusted without another read.
+    /// Until when the last origin answer is trusted; 0 while no answer has been merged (cold).
     pub(crate) fresh_until: u64,
     /// A failed origin call holds further reads of this cell off until then.
     pub(crate) read_retry_at: u64,
-    /// The limit of the latest request on this cell (the publish floor is a share of it).
-    pub(crate) limit: u64,
     /// The regional count of the last successful flush to the global table.
     pub(crate) last_flushed: u64,
 }
 
 impl CellState {
     /// A cell nothing is known about yet.
-    pub const fn cold(sequence: u64) -> Self {
-        Self {
-            sequence,
-            counts: Counts {
-                regional: 0,
-                global: 0,
-            },
-            warm: false,
-            fresh_until: 0,
-            read_retry_at: 0,
-            limit: 0,
-            last_flushed: 0,
-        }
-    }
+    pub const COLD: CellState = CellState {
+        counts: Counts {
+            regional: 0,
+            global: 0,
+        },
+        fresh_until: 0,
+        read_retry_at: 0,
+        last_flushed: 0,
+    };
 
-    /// The window's sequence.
-    pub const fn sequence(&self) -> u64 {
-        self.sequence
-    }
     /// Regional and imported global counts.
     pub const fn counts(&self) -> Counts {
         self.counts
     }
     /// Whether an origin answer has ever been merged.
     pub const fn is_warm(&self) -> bool {
-        self.warm
+        self.fresh_until != 0
     }
     /// Whether the last origin answer is still trusted at `now_ms`.
     pub const fn is_fresh(&self, now_ms: u64) -> bool {
-        self.warm && now_ms < self.fresh_until
+        now_ms < self.fresh_until
     }
     /// Deadline of the current freshness (0 if never fresh).
     pub const fn fresh_until(&self) -> u64 {
         self.fresh_until
-    }
-    /// The latest limit seen on this cell.
-    pub const fn limit(&self) -> u64 {
-        self.limit
     }
     /// The count of the last successful flush.
     pub const fn last_flushed(&self) -> u64 {
@@ -71,24 +54,29 @@ impl CellState {
     }
 }
 
-/// The state of one window key: two cells and the strict-mode deadline.
+/// The state of one window key: two cells, the latest limit and the strict-mode deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowState {
-    pub(crate) current: CellState,
-    pub(crate) previous: CellState,
+    /// Sequence of the current cell; the previous cell is always `sequence - 1`.
+    pub(crate) sequence: u64,
     /// Strict mode has no sequence, so it survives the rollover (a denial near the end of a
     /// window still weighs through the previous-window term of the next).
     pub(crate) strict_until: u64,
+    /// The limit of the latest request (the publish floor is a share of it).
+    pub(crate) limit: u64,
+    pub(crate) current: CellState,
+    pub(crate) previous: CellState,
 }
 
 impl WindowState {
     /// A window key first seen at `now_ms`.
     pub const fn new(duration: WindowDuration, now_ms: u64) -> Self {
-        let sequence = duration.sequence(now_ms);
         Self {
-            current: CellState::cold(sequence),
-            previous: CellState::cold(sequence.saturating_sub(1)),
+            sequence: duration.sequence(now_ms),
             strict_until: 0,
+            limit: 0,
+            current: CellState::COLD,
+            previous: CellState::COLD,
         }
     }
 
@@ -96,25 +84,40 @@ impl WindowState {
     /// Time never runs backwards for a key: a clock behind the newest cell decides as at that
     /// cell's start, rather than reviving a window that already rolled over.
     pub fn roll(&mut self, duration: WindowDuration, now_ms: u64) -> u64 {
-        let now_ms = now_ms.max(duration.start(self.current.sequence));
-        let sequence = duration.sequence(now_ms);
-        if sequence == self.current.sequence.saturating_add(1) {
-            self.previous = self.current;
-            self.current = CellState::cold(sequence);
-        } else if sequence != self.current.sequence {
-            self.previous = CellState::cold(sequence.saturating_sub(1));
-            self.current = CellState::cold(sequence);
+        let start = duration.start(self.sequence);
+        if now_ms >= start && now_ms - start < duration.as_ms() {
+            return now_ms; // still in the current window: no division on the hot path
         }
+        let now_ms = now_ms.max(start);
+        let sequence = duration.sequence(now_ms);
+        if sequence == self.sequence {
+            return now_ms;
+        }
+        self.previous = if sequence == self.sequence.saturating_add(1) {
+            self.current
+        } else {
+            CellState::COLD
+        };
+        self.current = CellState::COLD;
+        self.sequence = sequence;
         now_ms
     }
 
+    /// Sequence of the current cell.
+    pub const fn sequence(&self) -> u64 {
+        self.sequence
+    }
     /// The current cell.
     pub const fn current(&self) -> &CellState {
         &self.current
     }
-    /// The previous cell.
+    /// The previous cell (sequence `sequence() - 1`).
     pub const fn previous(&self) -> &CellState {
         &self.previous
+    }
+    /// The limit of the latest request.
+    pub const fn limit(&self) -> u64 {
+        self.limit
     }
     /// Until when decisions that would pass locally go to the origin.
     pub const fn strict_until(&self) -> u64 {
@@ -130,29 +133,36 @@ impl WindowState {
 
     /// The cell of `sequence`, if this state holds it.
     pub fn cell(&self, sequence: u64) -> Option<&CellState> {
-        [&self.current, &self.previous]
-            .into_iter()
-            .find(|c| c.sequence == sequence)
+        if sequence == self.sequence {
+            Some(&self.current)
+        } else if sequence.checked_add(1) == Some(self.sequence) {
+            Some(&self.previous)
+        } else {
+            None
+        }
     }
 
     pub(crate) fn cell_mut(&mut self, sequence: u64) -> Option<&mut CellState> {
-        if self.current.sequence == sequence {
+        if sequence == self.sequence {
             Some(&mut self.current)
-        } else if self.previous.sequence == sequence {
+        } else if sequence.checked_add(1) == Some(self.sequence) {
             Some(&mut self.previous)
         } else {
             None
         }
     }
 
-    /// Both cells, current first.
-    pub fn cells(&self) -> [&CellState; 2] {
-        [&self.current, &self.previous]
+    /// Both cells with their sequences, current first.
+    pub fn cells(&self) -> [(u64, &CellState); 2] {
+        [
+            (self.sequence, &self.current),
+            (self.sequence.saturating_sub(1), &self.previous),
+        ]
     }
 
     /// Whether neither cell can affect a decision at `now_ms` any more.
     pub const fn is_expired(&self, duration: WindowDuration, now_ms: u64) -> bool {
-        now_ms >= duration.expires_at(self.current.sequence)
+        now_ms >= duration.expires_at(self.sequence)
     }
 
     /// The limit check this state gives for a request, at a `now_ms` already rolled to.
@@ -167,7 +177,7 @@ impl WindowState {
 
     /// Records the request's limit (the latest one wins: the publish floor follows it).
     pub fn observe_limit(&mut self, limit: u64) {
-        self.current.limit = limit;
+        self.limit = limit;
     }
 
     /// Applies a decision made from this state at `now_ms` (already rolled to): a pass adds
@@ -192,7 +202,9 @@ impl WindowState {
     ) -> Decision {
         let now_ms = self.roll(duration, now_ms);
         self.observe_limit(limit);
-        let decision = self.check(duration, limit, cost).decide(now_ms, 0);
+        let decision = self
+            .check(duration, limit, cost)
+            .decide_in(self.sequence, now_ms, 0);
         self.apply(&decision, duration, cost, now_ms);
         decision
     }
@@ -211,9 +223,8 @@ mod tests {
         let mut s = WindowState::new(second(), 10_500);
         s.current.counts.regional = 4;
         s.roll(second(), 11_200);
-        assert_eq!(s.current().sequence(), 11);
-        assert_eq!(s.previous().sequence(), 10);
-        assert_eq!(s.previous().counts().regional, 4);
+        assert_eq!(s.sequence(), 11);
+        assert_eq!(s.cell(10).unwrap().counts().regional, 4);
         assert_eq!(s.current().counts(), Counts::default());
         assert!(!s.current().is_warm(), "a new window is cold");
     }
@@ -223,7 +234,8 @@ mod tests {
         let mut s = WindowState::new(second(), 10_500);
         s.current.counts.regional = 4;
         s.roll(second(), 12_000);
-        assert_eq!(s.previous().sequence(), 11);
+        assert_eq!(s.sequence(), 12);
+        assert!(s.cell(10).is_none());
         assert_eq!(s.counts(), WindowCounts::default());
     }
 
@@ -232,7 +244,7 @@ mod tests {
         let mut s = WindowState::new(second(), 10_500);
         s.current.counts.regional = 4;
         assert_eq!(s.roll(second(), 9_000), 10_000);
-        assert_eq!(s.current().sequence(), 10);
+        assert_eq!(s.sequence(), 10);
         assert_eq!(s.current().counts().regional, 4);
     }
 
@@ -251,5 +263,10 @@ mod tests {
         let s = WindowState::new(second(), 10_000);
         assert!(!s.is_expired(second(), 11_999));
         assert!(s.is_expired(second(), 12_000));
+    }
+
+    #[test]
+    fn a_window_state_is_104_bytes() {
+        assert_eq!(core::mem::size_of::<WindowState>(), 104);
     }
 }

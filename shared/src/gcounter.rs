@@ -147,12 +147,13 @@ impl PublishPolicy {
     }
 
     /// Whether a cell should be flushed: its regional count grew since the last successful
-    /// flush, and either it reached the floor or another region already published the cell
-    /// (then every unit matters to the sum the others see).
-    pub fn should_publish(&self, cell: &CellState) -> bool {
+    /// flush, and either it reached the floor of `limit` (the latest limit seen on the key) or
+    /// another region already published the cell (then every unit matters to the sum the
+    /// others see).
+    pub fn should_publish(&self, cell: &CellState, limit: u64) -> bool {
         let regional = cell.counts.regional;
         regional > cell.last_flushed
-            && (regional >= self.threshold(cell.limit) || cell.counts.global > 0)
+            && (regional >= self.threshold(limit) || cell.counts.global > 0)
     }
 }
 
@@ -179,11 +180,10 @@ pub fn sort_flush_rows(rows: &mut [FlushRow]) {
 mod tests {
     use super::*;
 
-    fn cell(regional: u64, global: u64, limit: u64, last_flushed: u64) -> CellState {
-        let mut c = CellState::cold(1);
+    fn cell(regional: u64, global: u64, last_flushed: u64) -> CellState {
+        let mut c = CellState::COLD;
         c.counts.regional = regional;
         c.counts.global = global;
-        c.limit = limit;
         c.last_flushed = last_flushed;
         c
     }
@@ -203,26 +203,26 @@ mod tests {
     #[test]
     fn below_the_floor_nothing_is_published_at_the_floor_it_is() {
         let p = PublishPolicy::default();
-        assert!(!p.should_publish(&cell(19, 0, 100, 0)));
-        assert!(p.should_publish(&cell(20, 0, 100, 0)));
+        assert!(!p.should_publish(&cell(19, 0, 0), 100));
+        assert!(p.should_publish(&cell(20, 0, 0), 100));
     }
 
     #[test]
     fn a_cell_another_region_published_is_written_below_the_floor() {
         let p = PublishPolicy::default();
-        assert!(p.should_publish(&cell(1, 30, 100, 0)));
+        assert!(p.should_publish(&cell(1, 30, 0), 100));
     }
 
     #[test]
     fn an_unchanged_cell_is_not_rewritten() {
         let p = PublishPolicy::default();
-        assert!(!p.should_publish(&cell(50, 30, 100, 50)));
-        assert!(p.should_publish(&cell(51, 30, 100, 50)));
+        assert!(!p.should_publish(&cell(50, 30, 50), 100));
+        assert!(p.should_publish(&cell(51, 30, 50), 100));
     }
 
     #[test]
     fn own_row_import_only_raises_and_never_freshens() {
-        let mut c = cell(10, 0, 100, 0);
+        let mut c = cell(10, 0, 0);
         c.import_own(4);
         assert_eq!(c.counts.regional, 10);
         c.import_own(25);
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(c.counts.global, 0, "own rows never land in global");
         assert!(!c.is_warm() && !c.is_fresh(0));
         assert!(
-            !PublishPolicy::default().should_publish(&c),
+            !PublishPolicy::default().should_publish(&c, 100),
             "already in the table"
         );
     }
@@ -238,11 +238,11 @@ mod tests {
     #[test]
     fn foreign_counts_are_never_published() {
         let p = PublishPolicy::default();
-        let mut c = cell(0, 0, 100, 0);
+        let mut c = cell(0, 0, 0);
         c.import_foreign(90);
         assert_eq!(c.counts.global, 90);
         assert_eq!(c.counts.regional, 0);
-        assert!(!p.should_publish(&c), "nothing of ours to publish");
+        assert!(!p.should_publish(&c, 100), "nothing of ours to publish");
         c.import_foreign(40);
         assert_eq!(c.counts.global, 90, "an older sum does not lower it");
     }

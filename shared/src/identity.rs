@@ -162,7 +162,7 @@ impl<'a> WindowKeyRef<'a> {
             // Validation bounds both lengths to 255 bytes, so they fit in a u8.
             workspace_len: u8::try_from(self.workspace.len()).unwrap_or(u8::MAX),
             namespace_len: u8::try_from(self.namespace.len()).unwrap_or(u8::MAX),
-            duration: self.duration,
+            duration_ms: u32::try_from(self.duration.as_ms()).unwrap_or(u32::MAX),
         }
     }
 
@@ -201,13 +201,14 @@ impl PartialOrd for WindowKeyRef<'_> {
     }
 }
 
-/// An owned window key, packed into one allocation to keep large tables small.
+/// An owned window key, packed into one allocation and 24 bytes to keep large tables small.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct WindowKey {
     text: Box<str>,
+    /// Durations are at most 30 days, 2.6e9 ms: a u32 holds them.
+    duration_ms: u32,
     workspace_len: u8,
     namespace_len: u8,
-    duration: WindowDuration,
 }
 
 impl WindowKey {
@@ -230,13 +231,28 @@ impl WindowKey {
             workspace: self.text.get(..ws).unwrap_or_default(),
             namespace: self.text.get(ws..ns).unwrap_or_default(),
             identifier: self.text.get(ns..).unwrap_or_default(),
-            duration: self.duration,
+            duration: self.duration(),
         }
     }
 
     /// The window length.
     pub const fn duration(&self) -> WindowDuration {
-        self.duration
+        WindowDuration::from_valid_ms(self.duration_ms as u64)
+    }
+
+    /// Whether this is the key `other` borrows: compares bytes without re-deriving the
+    /// borrowed form (no char-boundary checks on the lookup path).
+    pub fn matches(&self, other: WindowKeyRef<'_>) -> bool {
+        let ws = usize::from(self.workspace_len);
+        let ns = ws + usize::from(self.namespace_len);
+        let text = self.text.as_bytes();
+        u64::from(self.duration_ms) == other.duration.as_ms()
+            && ws == other.workspace.len()
+            && ns - ws == other.namespace.len()
+            && text.len() - ns == other.identifier.len()
+            && text.get(ns..) == Some(other.identifier.as_bytes())
+            && text.get(ws..ns) == Some(other.namespace.as_bytes())
+            && text.get(..ws) == Some(other.workspace.as_bytes())
     }
 
     /// Heap bytes this key holds (for memory accounting).

@@ -19,6 +19,7 @@
 //! | [`wire`] | the JSON types of gateway API v1 and their validation |
 
 #![cfg_attr(not(feature = "std"), no_std)]
+#![forbid(unsafe_code)]
 
 extern crate alloc;
 

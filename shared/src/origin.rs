@@ -86,7 +86,7 @@ impl WindowState {
         let reason = |cell: &crate::cell::CellState, strict: bool| {
             if now_ms < cell.read_retry_at {
                 None
-            } else if !cell.warm {
+            } else if !cell.is_warm() {
                 Some(ReadReason::Cold)
             } else if now_ms >= cell.fresh_until {
                 Some(ReadReason::Stale)
@@ -97,7 +97,7 @@ impl WindowState {
             }
         };
         ReadPlan {
-            sequence: self.current.sequence,
+            sequence: self.sequence,
             current: reason(&self.current, true),
             // Strict mode refreshes the current window only: the previous one takes no new
             // increments, so cold and stale cover it.
@@ -118,10 +118,11 @@ impl WindowState {
             return false;
         };
         cell.counts.merge(counts);
-        cell.warm = true;
+        // Never 0 once answered: 0 means cold.
         cell.fresh_until = cell
             .fresh_until
-            .max(now_ms.saturating_add(policy.fresh_for_ms));
+            .max(now_ms.saturating_add(policy.fresh_for_ms))
+            .max(1);
         cell.read_retry_at = 0;
         true
     }

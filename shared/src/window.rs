@@ -41,6 +41,11 @@ impl WindowDuration {
         Ok(Self(duration_ms))
     }
 
+    /// A length already validated (kept compactly by its owner).
+    pub(crate) const fn from_valid_ms(duration_ms: u64) -> Self {
+        Self(duration_ms)
+    }
+
     /// The length in milliseconds.
     pub const fn as_ms(self) -> u64 {
         self.0
@@ -78,7 +83,16 @@ impl WindowDuration {
     /// current one: `floor(previous * (duration - elapsed) / duration)`, in exact integer
     /// arithmetic so every runtime (native, Wasm, the Redis script) rounds the same way.
     pub const fn previous_weight(self, previous: u64, elapsed_ms: u64) -> u64 {
-        let left = self.0.saturating_sub(elapsed_ms) as u128;
+        let left = self.0.saturating_sub(elapsed_ms);
+        // Fast paths: nothing to weigh, or a product that fits u64 (any count below about
+        // 7 million against a 30-day window) skips the slow 128-bit division.
+        if previous == 0 {
+            return 0;
+        }
+        if let Some(product) = previous.checked_mul(left) {
+            return product / self.0;
+        }
+        let left = left as u128;
         // left <= duration, so the quotient is at most `previous` and the cast is exact.
         #[allow(clippy::cast_possible_truncation)]
         let weight = ((previous as u128 * left) / self.0 as u128) as u64;

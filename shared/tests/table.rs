@@ -35,25 +35,55 @@ fn key(id: &str) -> WindowKeyRef<'_> {
 }
 
 #[test]
-fn capacity_is_never_exceeded_and_the_least_recently_used_goes_first() {
-    let ids = names(MIN_CAPACITY + 2);
+fn capacity_is_never_exceeded_and_an_unused_entry_goes_before_used_ones() {
+    let ids = names(MIN_CAPACITY + 1);
     let mut t = small(MIN_CAPACITY);
     for id in &ids[..MIN_CAPACITY] {
         t.decide(key(id), 10, 1, T0);
     }
-    // Touch user-0, so user-1 is now the least recently used.
-    t.decide(key(&ids[0]), 10, 1, T0);
+    // Use every entry again but user-7: it is the only one the eviction hand may take.
+    for (i, id) in ids[..MIN_CAPACITY].iter().enumerate() {
+        if i != 7 {
+            t.decide(key(id), 10, 1, T0);
+        }
+    }
     t.decide(key(&ids[MIN_CAPACITY]), 10, 1, T0);
     assert_eq!(t.len(), MIN_CAPACITY);
-    assert!(t.get(key(&ids[0])).is_some());
     assert!(
-        t.get(key(&ids[1])).is_none(),
-        "least recently used was evicted"
+        t.get(key(&ids[7])).is_none(),
+        "the unused entry was evicted"
     );
-    assert!(t.get(key(&ids[2])).is_some());
-    t.decide(key(&ids[MIN_CAPACITY + 1]), 10, 1, T0);
-    assert!(t.get(key(&ids[2])).is_none());
-    assert_eq!(t.stats().evicted, 2);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(t.get(key(id)).is_some(), i != 7, "{id}");
+    }
+    assert_eq!(t.stats().evicted, 1);
+}
+
+#[test]
+fn a_flood_of_new_keys_evicts_itself_before_keys_in_use() {
+    let ids = names(MIN_CAPACITY * 20);
+    let mut t = small(MIN_CAPACITY);
+    let hot = &ids[..MIN_CAPACITY / 2];
+    for id in hot {
+        t.decide(key(id), 10, 1, T0);
+    }
+    for flood in ids[MIN_CAPACITY..].chunks(8) {
+        // The hot keys keep being used between bursts of one-off keys.
+        for id in hot {
+            t.decide(key(id), 1_000, 1, T0);
+        }
+        for id in flood {
+            t.decide(key(id), 10, 1, T0);
+        }
+    }
+    assert_eq!(t.len(), MIN_CAPACITY);
+    let kept = hot.iter().filter(|id| t.get(key(id)).is_some()).count();
+    assert_eq!(
+        kept,
+        hot.len(),
+        "every hot key survived {} evictions",
+        t.stats().evicted
+    );
 }
 
 #[test]
@@ -63,7 +93,34 @@ fn an_evicted_key_comes_back_cold() {
     for id in &ids {
         t.decide(key(id), 10, 1, T0);
     }
-    assert!(matches!(t.check(key(&ids[0]), 10, 1, T0), Step::Read(_)));
+    let gone: Vec<&String> = ids.iter().filter(|id| t.get(key(id)).is_none()).collect();
+    assert_eq!(gone.len(), 1);
+    assert!(matches!(t.check(key(gone[0]), 10, 1, T0), Step::Read(_)));
+}
+
+#[test]
+fn a_multi_limit_request_never_evicts_its_own_entries() {
+    let ids = names(MIN_CAPACITY + MIN_CAPACITY / 2);
+    let mut t = small(MIN_CAPACITY);
+    // A full table of entries all in use.
+    for _ in 0..2 {
+        for id in &ids[..MIN_CAPACITY] {
+            t.decide(key(id), 10, 1, T0);
+        }
+    }
+    let limits: Vec<LimitRequest<'_>> = ids[MIN_CAPACITY..]
+        .iter()
+        .map(|id| LimitRequest {
+            key: key(id),
+            limit: 5,
+            cost: 1,
+        })
+        .collect();
+    let m = t.decide_all(&limits, T0).unwrap();
+    assert!(m.success);
+    for l in &limits {
+        assert_eq!(t.get(l.key).unwrap().current().counts().regional, 1);
+    }
 }
 
 #[test]

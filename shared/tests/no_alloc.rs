@@ -1,0 +1,66 @@
+//! A warm decision allocates nothing: counted with a global allocator that tallies every
+//! allocation made on this test's thread.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(unsafe_code)] // a GlobalAlloc impl is unsafe by definition; it only forwards to System
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use strata_core::table::Step;
+use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKeyRef};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Counting;
+
+// SAFETY: forwards every call unchanged to the system allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+#[test]
+fn warm_decisions_do_not_allocate() {
+    const NOW: u64 = 1_700_000_000_000;
+    let d = WindowDuration::from_ms(60_000).unwrap();
+    let ids: Vec<String> = (0..1_000).map(|i| format!("key-{i}")).collect();
+    let mut table = CounterTable::new(TableConfig::default(), 9);
+    for id in &ids {
+        let key = WindowKeyRef::new("ws", "api", id, d).unwrap();
+        table.apply_origin(key, d.sequence(NOW), Counts::default(), NOW);
+        table.apply_origin(key, d.sequence(NOW) - 1, Counts::default(), NOW);
+    }
+    let before = allocations();
+    assert!(
+        before >= 1_000,
+        "the counter sees the table's own key allocations: {before}"
+    );
+    let mut passed = 0;
+    for round in 0..10 {
+        for id in &ids {
+            let key = WindowKeyRef::new("ws", "api", id, d).unwrap();
+            if let Step::Decided(decision) = table.check(key, 1_000_000, 1, NOW + round) {
+                passed += u64::from(decision.success);
+            }
+        }
+    }
+    assert_eq!(passed, 10_000, "every check was decided locally and passed");
+    assert_eq!(allocations() - before, 0, "the warm path allocated");
+}

@@ -1,0 +1,196 @@
+//! The gateway API v1 wire types: shapes, defaults, and validation errors with their codes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+use strata_core::wire::{
+    CellsResponse, DecideRequest, ErrorCode, MAX_BATCH, MAX_COUNT, MAX_MULTI_LIMITS, MultiRequest,
+    RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+};
+use strata_core::{Counts, Decision};
+
+fn parse<T: serde::de::DeserializeOwned>(json: &str) -> T {
+    serde_json::from_str(json).unwrap()
+}
+
+#[test]
+fn cost_defaults_to_one_and_the_key_is_bound_to_the_callers_workspace() {
+    let req: RatelimitRequest =
+        parse(r#"{"namespace":"api","identifier":"user:{1}","limit":10,"duration":60000}"#);
+    let limit = req.validate("acme").unwrap();
+    assert_eq!(limit.cost, 1);
+    assert_eq!(limit.key.workspace(), "acme");
+    assert_eq!(limit.key.identifier(), "user:{1}");
+    assert_eq!(limit.key.duration().as_ms(), 60_000);
+}
+
+#[test]
+fn invalid_fields_are_named_in_a_400() {
+    let cases = [
+        (
+            r#"{"namespace":"","identifier":"a","limit":1,"duration":60000}"#,
+            "namespace: namespace must not be empty",
+        ),
+        (
+            r#"{"namespace":"n","identifier":"a","limit":1,"duration":999}"#,
+            "duration: duration must be between",
+        ),
+        (
+            r#"{"namespace":"n","identifier":"a","limit":9007199254740992,"duration":1000}"#,
+            "limit: must be at most",
+        ),
+        (
+            r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000,"cost":9007199254740992}"#,
+            "cost: must be at most",
+        ),
+    ];
+    for (json, message) in cases {
+        let req: RatelimitRequest = parse(json);
+        let err = req.validate("ws").unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert_eq!(err.code.status(), 400);
+        assert!(err.message.starts_with(message), "{json}: {}", err.message);
+    }
+    let long = format!(
+        r#"{{"namespace":"n","identifier":"{}","limit":1,"duration":1000}}"#,
+        "x".repeat(256)
+    );
+    let err = parse::<RatelimitRequest>(&long).validate("ws").unwrap_err();
+    assert_eq!(
+        err.message,
+        "identifier: identifier is 256 bytes, at most 255 are allowed"
+    );
+    let ok = parse::<RatelimitRequest>(&format!(
+        r#"{{"namespace":"n","identifier":"{}","limit":{MAX_COUNT},"duration":2592000000}}"#,
+        "é".repeat(127)
+    ));
+    assert!(
+        ok.validate("ws").is_ok(),
+        "255 bytes, the largest count and 30 days are in bounds"
+    );
+}
+
+#[test]
+fn malformed_json_is_a_parse_error_not_a_panic() {
+    for json in [
+        r#"{"namespace":"n","identifier":"a","limit":-1,"duration":1000}"#,
+        r#"{"namespace":"n","identifier":"a","limit":1.5,"duration":1000}"#,
+        r#"{"namespace":"n","limit":1,"duration":1000}"#,
+        r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000"#,
+        r#"[]"#,
+    ] {
+        assert!(
+            serde_json::from_str::<RatelimitRequest>(json).is_err(),
+            "{json}"
+        );
+    }
+}
+
+#[test]
+fn batches_are_bounded_with_413_and_empty_multi_is_400() {
+    let one = r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000}"#;
+    let multi: MultiRequest = parse(&format!(
+        r#"{{"limits":[{}]}}"#,
+        vec![one; MAX_MULTI_LIMITS + 1].join(",")
+    ));
+    let err = multi.validate("ws").unwrap_err();
+    assert_eq!(err.code, ErrorCode::PayloadTooLarge);
+    assert_eq!(err.code.status(), 413);
+    let multi: MultiRequest = parse(&format!(
+        r#"{{"limits":[{}]}}"#,
+        vec![one; MAX_MULTI_LIMITS].join(",")
+    ));
+    assert_eq!(multi.validate("ws").unwrap().len(), MAX_MULTI_LIMITS);
+    let empty: MultiRequest = parse(r#"{"limits":[]}"#);
+    assert_eq!(
+        empty.validate("ws").unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
+
+    let cell = r#"{"namespace":"n","identifier":"a","duration":1000,"sequence":5}"#;
+    let read: ReadRequest = parse(&format!(
+        r#"{{"cells":[{}]}}"#,
+        vec![cell; MAX_BATCH + 1].join(",")
+    ));
+    assert_eq!(
+        read.validate("ws").unwrap_err().code,
+        ErrorCode::PayloadTooLarge
+    );
+}
+
+#[test]
+fn errors_in_a_batch_name_their_index() {
+    let multi: MultiRequest = parse(
+        r#"{"limits":[{"namespace":"n","identifier":"a","limit":1,"duration":1000},
+                      {"namespace":"n","identifier":"","limit":1,"duration":1000}]}"#,
+    );
+    assert_eq!(
+        multi.validate("ws").unwrap_err().message,
+        "limits[1].identifier: identifier must not be empty"
+    );
+    let replay: ReplayRequest = parse(
+        r#"{"events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":18446744073709551615,"cost":1,"limit":5}]}"#,
+    );
+    assert_eq!(
+        replay.validate("ws").unwrap_err().message,
+        "events[0].sequence: is out of range"
+    );
+}
+
+#[test]
+fn replay_and_read_validate_to_cells() {
+    let replay: ReplayRequest = parse(
+        r#"{"events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":1700000000,"cost":3,"limit":5}]}"#,
+    );
+    let events = replay.validate("ws").unwrap();
+    assert_eq!(events[0].cell.sequence, 1_700_000_000);
+    assert_eq!((events[0].cost, events[0].limit), (3, 5));
+    let read: ReadRequest = parse(r#"{"cells":[]}"#);
+    assert!(read.validate("ws").unwrap().is_empty());
+}
+
+#[test]
+fn decide_requires_a_plain_instance_id() {
+    let limit = r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000,"cost":1}"#;
+    for (instance, ok) in [
+        ("edge-7f3a_01", true),
+        ("", false),
+        ("has space", false),
+        (&"x".repeat(65), false),
+    ] {
+        let req: DecideRequest = parse(&format!(
+            r#"{{"instance":"{instance}","limits":[{limit}]}}"#
+        ));
+        assert_eq!(req.validate("ws").is_ok(), ok, "{instance:?}");
+    }
+}
+
+#[test]
+fn responses_have_the_contract_shape() {
+    let d = Decision {
+        success: true,
+        limit: 10,
+        remaining: 7,
+        reset_ms: 60_000,
+        retry_after_ms: Some(0),
+    };
+    let json = serde_json::to_string(&RatelimitResponse::from(&d)).unwrap();
+    assert_eq!(
+        json,
+        r#"{"success":true,"limit":10,"remaining":7,"reset":60000}"#
+    );
+    let cells = CellsResponse {
+        cells: vec![Counts {
+            regional: 4,
+            global: 2,
+        }],
+    };
+    assert_eq!(
+        serde_json::to_string(&cells).unwrap(),
+        r#"{"cells":[{"regional":4,"global":2}]}"#
+    );
+    let err = strata_core::wire::WireError::new(ErrorCode::Unauthorized, "missing bearer token");
+    assert_eq!(
+        serde_json::to_string(&err.body()).unwrap(),
+        r#"{"error":{"code":"unauthorized","message":"missing bearer token"}}"#
+    );
+}

@@ -18,6 +18,44 @@
 //! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
 //! | [`wire`] | the JSON types of gateway API v1 and their validation |
 
+//!
+//! A shell's request path, with the origin stubbed:
+//!
+//! ```
+//! use strata_core::table::Step;
+//! use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKeyRef};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut table = CounterTable::new(TableConfig::default(), 0x5eed); // seed from the host
+//! let minute = WindowDuration::from_ms(60_000)?;
+//! let key = WindowKeyRef::new("acme", "api", "user-42", minute)?;
+//! let now_ms = 1_700_000_000_000; // 20 s into its minute
+//! // The region has counted 3 in this minute and 6 in the last one.
+//! let read_origin = |sequence: u64| -> Result<Counts, ()> {
+//!     let regional = if sequence == minute.sequence(now_ms) { 3 } else { 6 };
+//!     Ok(Counts { regional, global: 0 })
+//! };
+//!
+//! let decision = match table.check(key, 10, 1, now_ms) {
+//!     Step::Decided(d) => d, // warm, fresh, not strict: no round trip
+//!     Step::Read(plan) => {
+//!         // Cold, stale or strict: read those cells first (one batched call in a real shell).
+//!         for (sequence, _reason) in plan.cells() {
+//!             match read_origin(sequence) {
+//!                 Ok(counts) => table.apply_origin(key, sequence, counts, now_ms),
+//!                 Err(()) => table.fail_origin(key, sequence, now_ms),
+//!             };
+//!         }
+//!         table.decide(key, 10, 1, now_ms)
+//!     }
+//! };
+//! assert!(decision.success);
+//! // 3 + floor(6 * 40/60) + 1 = 8 of 10.
+//! assert_eq!(decision.remaining, 2);
+//! # Ok(())
+//! # }
+//! ```
+
 #![cfg_attr(not(feature = "std"), no_std)]
 #![forbid(unsafe_code)]
 

@@ -32,6 +32,9 @@ impl fmt::Display for DurationError {
     }
 }
 
+#[cfg(feature = "std")]
+impl std::error::Error for DurationError {}
+
 impl WindowDuration {
     /// Validates a window length given in milliseconds.
     pub const fn from_ms(duration_ms: u64) -> Result<Self, DurationError> {

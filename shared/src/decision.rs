@@ -158,6 +158,18 @@ pub struct MultiDecision {
     pub decisions: Vec<Decision>,
 }
 
+impl MultiDecision {
+    /// The decisions whose effects must be applied, with their limit's index: every one when
+    /// the request passed (each counts its cost), otherwise only the denials (each starts
+    /// strict mode) and nothing is counted.
+    pub fn to_apply(&self) -> impl Iterator<Item = (usize, &Decision)> + '_ {
+        self.decisions
+            .iter()
+            .enumerate()
+            .filter(move |(_, d)| self.success || !d.success)
+    }
+}
+
 /// Decides several limits together. `same_cell(i, j)` says whether limits `i` and `j` count on
 /// the same window key, so a request that names one key twice is charged twice. If any limit
 /// denies, no decision counts its cost (the caller applies nothing).

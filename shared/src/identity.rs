@@ -103,6 +103,11 @@ fn check(field: Field, value: &str, max: usize) -> Result<(), IdentityError> {
     }
 }
 
+/// Validates a workspace id on its own (1–191 bytes), as a gateway does for its token table.
+pub fn validate_workspace(workspace: &str) -> Result<(), IdentityError> {
+    check(Field::Workspace, workspace, MAX_WORKSPACE_BYTES)
+}
+
 /// A borrowed, validated window key: `(workspace, namespace, identifier, duration)`. Lookups
 /// use this form so the warm path never allocates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

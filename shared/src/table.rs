@@ -320,15 +320,20 @@ impl CounterTable {
             })
             .collect();
         let multi = decide_all(&checks, now_ms, |i, j| slots[i] == slots[j]);
-        for ((&slot, l), decision) in slots.iter().zip(limits).zip(&multi.decisions) {
-            // All counted, or only the denials recorded (strict mode) and nothing counted.
-            if multi.success || !decision.success {
+        for (i, decision) in multi.to_apply() {
+            if let (Some(&slot), Some(l)) = (slots.get(i), limits.get(i)) {
                 let state = &mut self.slots[slot].state;
                 let now_ms = state.roll(l.key.duration(), now_ms);
                 state.apply(decision, l.key.duration(), l.cost, now_ms);
             }
         }
         multi
+    }
+
+    /// The state of `key`, created if absent and marked used: for shells that hold several
+    /// tables (a native process's shards) and decide across them with [`decide_all`].
+    pub fn entry(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> &mut WindowState {
+        self.state_mut(key, now_ms)
     }
 
     /// Merges an origin answer (read, replay or decision) for one cell; see

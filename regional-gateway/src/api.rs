@@ -1,0 +1,262 @@
+//! The HTTP API of DESIGN section 4: routes, the JSON body extractor (our error shape for
+//! every malformed or oversized body), and thin handlers that validate, call the limiter or
+//! the origin, and answer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use strata_core::headers::{HeaderLimit, header_values};
+use strata_core::wire::{
+    CellRef, CellsResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest, MultiResponse,
+    RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+};
+use strata_core::{Counts, Decision};
+
+use crate::Gateway;
+use crate::error::ApiError;
+use crate::metrics::Gauges;
+use crate::origin::CellIncrement;
+
+/// The gateway's routes over shared state.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/ratelimit", post(ratelimit))
+        .route("/v1/ratelimit/multi", post(ratelimit_multi))
+        .route("/v1/origin/read", post(origin_read))
+        .route("/v1/origin/replay", post(origin_replay))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(gateway)
+}
+
+/// A JSON body, read with the API's size bound; failures answer in the API's error shape.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let too_large = || {
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+            return Err(too_large());
+        }
+        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+            .await
+            .map_err(|_| too_large())?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("malformed JSON body: {e}"),
+            )
+        })
+    }
+}
+
+/// The rate-limit response headers for a decision (the policy is named by its namespace).
+fn limit_headers(
+    limits: &[(&str, strata_core::WindowDuration, &Decision)],
+    now_ms: u64,
+) -> HeaderMap {
+    let described: Vec<HeaderLimit<'_>> = limits
+        .iter()
+        .map(|&(policy, duration, decision)| HeaderLimit {
+            policy,
+            duration,
+            decision,
+        })
+        .collect();
+    let v = header_values(&described, now_ms);
+    let mut headers = HeaderMap::new();
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put("ratelimit-policy", &v.policy);
+    put("ratelimit", &v.ratelimit);
+    put("x-ratelimit-limit", &v.legacy_limit);
+    put("x-ratelimit-remaining", &v.legacy_remaining);
+    put("x-ratelimit-reset", &v.legacy_reset);
+    if let Some(retry) = v
+        .retry_after
+        .as_deref()
+        .and_then(|r| HeaderValue::from_str(r).ok())
+    {
+        headers.insert(RETRY_AFTER, retry);
+    }
+    headers
+}
+
+async fn ratelimit(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<RatelimitRequest>,
+) -> Result<Response, ApiError> {
+    let workspace = gw.auth.workspace(&headers)?;
+    let limit = req.validate(workspace)?;
+    let decision = gw.limiter.decide(limit).await;
+    let now = gw.limiter.clock.now_ms();
+    let headers = limit_headers(
+        &[(limit.key.namespace(), limit.key.duration(), &decision)],
+        now,
+    );
+    Ok((headers, Json(RatelimitResponse::from(&decision))).into_response())
+}
+
+async fn ratelimit_multi(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<MultiRequest>,
+) -> Result<Response, ApiError> {
+    let workspace = gw.auth.workspace(&headers)?;
+    let limits = req.validate(workspace)?;
+    let multi = gw.limiter.decide_all(&limits).await;
+    let now = gw.limiter.clock.now_ms();
+    let described: Vec<_> = limits
+        .iter()
+        .zip(&multi.decisions)
+        .map(|(l, d)| (l.key.namespace(), l.key.duration(), d))
+        .collect();
+    let headers = limit_headers(&described, now);
+    let body = MultiResponse {
+        success: multi.success,
+        results: multi
+            .decisions
+            .iter()
+            .map(RatelimitResponse::from)
+            .collect(),
+    };
+    Ok((headers, Json(body)).into_response())
+}
+
+fn counts(regional: impl IntoIterator<Item = u64>) -> CellsResponse {
+    CellsResponse {
+        cells: regional
+            .into_iter()
+            .map(|regional| Counts {
+                regional,
+                global: 0,
+            })
+            .collect(),
+    }
+}
+
+async fn origin_read(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ReadRequest>,
+) -> Result<Json<CellsResponse>, ApiError> {
+    let workspace = gw.auth.workspace(&headers)?;
+    let cells = req.validate(workspace)?;
+    let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
+    let regional = gw
+        .limiter
+        .origin
+        .read(&reads, gw.limiter.clock.now_ms())
+        .await?;
+    Ok(Json(counts(regional)))
+}
+
+async fn origin_replay(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ReplayRequest>,
+) -> Result<Json<CellsResponse>, ApiError> {
+    let workspace = gw.auth.workspace(&headers)?;
+    let events = req.validate(workspace)?;
+    // Sum the events of each cell, so each cell is one increment; remember where each went.
+    let mut index: HashMap<CellRef<'_>, usize> = HashMap::new();
+    let mut increments: Vec<CellIncrement<'_>> = Vec::new();
+    let mut slot_of = Vec::with_capacity(events.len());
+    for e in &events {
+        let slot = *index.entry(e.cell).or_insert_with(|| {
+            increments.push(CellIncrement {
+                key: e.cell.key,
+                sequence: e.cell.sequence,
+                cost: 0,
+            });
+            increments.len() - 1
+        });
+        if let Some(inc) = increments.get_mut(slot) {
+            inc.cost = inc.cost.saturating_add(e.cost);
+        }
+        slot_of.push(slot);
+    }
+    let after = gw
+        .limiter
+        .origin
+        .replay(&increments, gw.limiter.clock.now_ms())
+        .await?;
+    Ok(Json(counts(
+        slot_of.iter().map(|&s| after.get(s).copied().unwrap_or(0)),
+    )))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    match gw.limiter.origin.ping().await {
+        Ok(()) => {
+            gw.set_origin_up(true);
+            Json(json!({"status": "ready", "origin": gw.limiter.origin.kind()})).into_response()
+        }
+        Err(e) => {
+            gw.set_origin_up(false);
+            ApiError::Origin(e).into_response()
+        }
+    }
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let (local_windows, local_evictions) = gw.limiter.local.stats();
+    let text = gw.limiter.metrics.render(Gauges {
+        replay_queue_cells: gw.limiter.replay.len(),
+        local_windows,
+        local_evictions,
+        breaker_open: gw.limiter.origin.breaker_open(),
+        origin_up: gw.origin_up(),
+    });
+    (
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "method not allowed on this endpoint",
+    )
+}

@@ -1,0 +1,186 @@
+//! `strata-gateway`: the native process each region runs. It is the regional origin the
+//! edges talk to (over Redis, or its own memory when embedded), and decides for services that
+//! call it directly, with the same layering as an edge. Every rule lives in `strata-core`.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`config`] | flags, environment, TOML file; validation |
+//! | [`api`] | routes, the JSON body extractor, handlers |
+//! | [`auth`] | bearer tokens → workspaces |
+//! | [`limiter`] | the decision flow: local, origin read, replay queue |
+//! | [`local`] | the core's table, sharded behind mutexes |
+//! | [`origin`] | the regional origin backends, with timeout, breaker and metrics |
+//! | [`replay`] | the bounded queue of accepted cost per cell |
+//! | [`breaker`] | the failure-ratio circuit breaker |
+//! | [`metrics`] | Prometheus counters and their text |
+//! | [`clock`] | system or manual time |
+//! | [`error`] | the API error type |
+
+pub mod api;
+pub mod auth;
+pub mod breaker;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod limiter;
+pub mod local;
+pub mod metrics;
+pub mod origin;
+pub mod replay;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use strata_core::origin::OriginPolicy;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::auth::Auth;
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::limiter::Limiter;
+use crate::local::LocalTables;
+use crate::metrics::Metrics;
+use crate::origin::{MemoryOrigin, Origin, OriginClient};
+use crate::replay::ReplayQueue;
+
+/// How often expired cells leave local memory and the embedded origin.
+const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
+/// Slots each shard's janitor pass looks at.
+const JANITOR_SCAN: usize = 20_000;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The origin could not be set up.
+    #[error("cannot set up the regional origin: {0}")]
+    Origin(String),
+}
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Validated settings.
+    pub settings: Settings,
+    /// Token table.
+    pub auth: Auth,
+    /// The decision flow and the origin.
+    pub limiter: Limiter,
+    origin_up: AtomicBool,
+}
+
+impl Gateway {
+    /// Builds a gateway from settings, with the given clock.
+    pub async fn new(settings: Settings, clock: Clock) -> Result<Arc<Self>, StartError> {
+        let metrics = Arc::new(Metrics::default());
+        let origin = match &settings.redis_url {
+            None => Origin::Memory(MemoryOrigin::new()),
+            Some(_) => {
+                return Err(StartError::Origin(
+                    "Redis support arrives in the next slice".into(),
+                ));
+            }
+        };
+        let policy = OriginPolicy {
+            fresh_for_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),
+            read_retry_ms: u64::try_from(settings.read_retry.as_millis()).unwrap_or(u64::MAX),
+        };
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let limiter = Limiter::new(
+            LocalTables::new(settings.table_capacity, threads * 8, policy),
+            OriginClient::new(origin, settings.origin_timeout, metrics.clone()),
+            ReplayQueue::new(settings.replay_queue),
+            metrics,
+            clock,
+        );
+        Ok(Arc::new(Self {
+            auth: Auth::new(settings.tokens.clone()),
+            settings,
+            limiter,
+            origin_up: AtomicBool::new(true),
+        }))
+    }
+
+    fn set_origin_up(&self, up: bool) {
+        self.origin_up.store(up, Ordering::Relaxed);
+    }
+
+    fn origin_up(&self) -> bool {
+        self.origin_up.load(Ordering::Relaxed)
+    }
+}
+
+/// The router over a gateway (for tests that drive it without a socket).
+pub fn app(gateway: Arc<Gateway>) -> axum::Router {
+    api::router(gateway)
+}
+
+/// Serves `gateway` on `listener` until `shutdown` completes, with the replay and janitor
+/// loops alongside; on shutdown, stops accepting, finishes in-flight requests, then drains the
+/// replay queue to the origin.
+pub async fn run(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop, stopped) = watch::channel(false);
+    let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
+    let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped));
+    let served = axum::serve(listener, app(gateway.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    let _ = stop.send(true);
+    let _ = janitor.await;
+    if replay.await.is_err() {
+        tracing::error!("replay loop ended abnormally");
+    }
+    served
+}
+
+async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(gateway.settings.replay_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => break,
+        }
+        // Send full batches back to back; wait for the next tick after a short or failed one.
+        while gateway.limiter.replay_once().await
+            && gateway.limiter.replay.len() >= strata_core::wire::MAX_BATCH
+        {}
+    }
+    let pending = gateway.limiter.replay.len();
+    while !gateway.limiter.replay.is_empty() {
+        if !gateway.limiter.replay_once().await {
+            break;
+        }
+    }
+    let left = gateway.limiter.replay.len();
+    if left > 0 {
+        tracing::error!(
+            cells = left,
+            "shutdown: replay could not be delivered; these counts are lost"
+        );
+    } else {
+        tracing::info!(cells = pending, "shutdown: replay queue drained");
+    }
+}
+
+async fn janitor_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(JANITOR_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => break,
+        }
+        let now = gateway.limiter.clock.now_ms();
+        let local = gateway.limiter.local.purge_expired(now, JANITOR_SCAN);
+        let origin = gateway.limiter.origin.purge_expired(now);
+        if local + origin > 0 {
+            tracing::debug!(local, origin, "janitor dropped expired cells");
+        }
+    }
+}

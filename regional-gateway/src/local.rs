@@ -1,0 +1,93 @@
+//! The gateway's local memory: the core's counter table, sharded behind mutexes so many
+//! worker threads decide at once without over-admitting. One key always maps to one shard, so
+//! decisions on a hot key serialize on its shard's lock (held for a few hundred nanoseconds,
+//! never across an await); keys on other shards proceed in parallel.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard};
+
+use strata_core::origin::OriginPolicy;
+use strata_core::{CounterTable, TableConfig, WindowKeyRef};
+
+/// Sharded local tables.
+#[derive(Debug)]
+pub struct LocalTables {
+    shards: Box<[Mutex<CounterTable>]>,
+    hasher: RandomState,
+}
+
+impl LocalTables {
+    /// `capacity` window keys in all, over `shards` tables (rounded up to a power of two).
+    pub fn new(capacity: usize, shards: usize, origin: OriginPolicy) -> Self {
+        let n = shards.max(1).next_power_of_two();
+        let per_shard = capacity.div_ceil(n);
+        let shards = (0..n)
+            .map(|_| {
+                let config = TableConfig {
+                    capacity: per_shard,
+                    origin,
+                };
+                Mutex::new(CounterTable::new(config, rand::random()))
+            })
+            .collect();
+        Self {
+            shards,
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn index(&self, key: WindowKeyRef<'_>) -> usize {
+        // n is a power of two; the hash's low bits pick the shard (truncation is the point).
+        #[allow(clippy::cast_possible_truncation)]
+        let low = self.hasher.hash_one(key) as usize;
+        low & (self.shards.len() - 1)
+    }
+
+    fn guard(&self, i: usize) -> MutexGuard<'_, CounterTable> {
+        // Table updates are plain field writes that leave it consistent at every step, so a
+        // lock poisoned by a panicking holder is still safe to use.
+        let shard = &self.shards[i & (self.shards.len() - 1)]; // masked: always in range
+        match shard.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The table that holds `key`, locked.
+    pub fn lock(&self, key: WindowKeyRef<'_>) -> MutexGuard<'_, CounterTable> {
+        self.guard(self.index(key))
+    }
+
+    /// The tables holding `keys`, locked in shard order (so concurrent multi-limit requests
+    /// cannot deadlock), and for each key the position of its table in the returned list.
+    pub fn lock_many(
+        &self,
+        keys: &[WindowKeyRef<'_>],
+    ) -> (Vec<MutexGuard<'_, CounterTable>>, Vec<usize>) {
+        let indices: Vec<usize> = keys.iter().map(|k| self.index(*k)).collect();
+        let mut order = indices.clone();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&i| self.guard(i)).collect();
+        let positions = indices
+            .iter()
+            .map(|i| order.binary_search(i).unwrap_or(0))
+            .collect();
+        (guards, positions)
+    }
+
+    /// Window keys held, and evictions so far, over all shards.
+    pub fn stats(&self) -> (usize, u64) {
+        (0..self.shards.len()).fold((0, 0), |(len, evicted), i| {
+            let g = self.guard(i);
+            (len + g.len(), evicted + g.stats().evicted)
+        })
+    }
+
+    /// Drops expired entries from every shard, a bounded scan each; returns how many.
+    pub fn purge_expired(&self, now_ms: u64, max_scan_per_shard: usize) -> usize {
+        (0..self.shards.len())
+            .map(|i| self.guard(i).purge_expired(now_ms, max_scan_per_shard))
+            .sum()
+    }
+}

@@ -1,0 +1,115 @@
+//! Shared test helpers: a gateway on a manual clock, driven through its router without a
+//! socket, and JSON calls that return status, headers and body.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use strata_gateway::Gateway;
+use strata_gateway::clock::Clock;
+use strata_gateway::config::Settings;
+use tower::ServiceExt;
+
+/// 20 s into a minute, on a 1 s boundary.
+pub const T0: u64 = 1_700_000_000_000;
+
+pub struct TestGateway {
+    pub gateway: Arc<Gateway>,
+    pub router: Router,
+    pub clock: Clock,
+}
+
+pub async fn embedded(tokens: &[(&str, &str)]) -> TestGateway {
+    let settings = Settings {
+        tokens: tokens
+            .iter()
+            .map(|(t, w)| (t.to_string(), w.to_string()))
+            .collect::<HashMap<_, _>>(),
+        ..Settings::default()
+    };
+    with_settings(settings).await
+}
+
+pub async fn with_settings(settings: Settings) -> TestGateway {
+    let clock = Clock::manual(T0);
+    let gateway = Gateway::new(settings, clock.clone()).await.unwrap();
+    let router = strata_gateway::app(gateway.clone());
+    TestGateway {
+        gateway,
+        router,
+        clock,
+    }
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl TestGateway {
+    pub async fn send(&self, method: &str, path: &str, token: Option<&str>, body: Body) -> Reply {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let response = self
+            .router
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes).to_string();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            body,
+            text,
+        }
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, json: Value) -> Reply {
+        self.send("POST", path, token, Body::from(json.to_string()))
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send("GET", path, None, Body::empty()).await
+    }
+
+    /// One `/v1/ratelimit` call: (success, remaining).
+    pub async fn limit(&self, token: Option<&str>, identifier: &str, limit: u64) -> (bool, u64) {
+        let r = self
+            .post(
+                "/v1/ratelimit",
+                token,
+                serde_json::json!({"namespace": "api", "identifier": identifier, "limit": limit, "duration": 60_000}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        (
+            r.body["success"].as_bool().unwrap(),
+            r.body["remaining"].as_u64().unwrap(),
+        )
+    }
+}

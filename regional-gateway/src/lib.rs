@@ -43,7 +43,7 @@ use crate::config::Settings;
 use crate::limiter::Limiter;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
-use crate::origin::{MemoryOrigin, Origin, OriginClient};
+use crate::origin::{MemoryOrigin, Origin, OriginClient, RedisOrigin};
 use crate::replay::ReplayQueue;
 
 /// How often expired cells leave local memory and the embedded origin.
@@ -77,11 +77,10 @@ impl Gateway {
         let metrics = Arc::new(Metrics::default());
         let origin = match &settings.redis_url {
             None => Origin::Memory(MemoryOrigin::new()),
-            Some(_) => {
-                return Err(StartError::Origin(
-                    "Redis support arrives in the next slice".into(),
-                ));
-            }
+            Some(url) => Origin::Redis(
+                RedisOrigin::new(url, settings.origin_timeout)
+                    .map_err(|e| StartError::Origin(e.to_string()))?,
+            ),
         };
         let policy = OriginPolicy {
             fresh_for_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),

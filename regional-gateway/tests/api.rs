@@ -7,14 +7,40 @@ mod common;
 
 use axum::body::Body;
 use axum::http::StatusCode;
-use common::{T0, embedded};
+use common::{Backend, T0, TestGateway, gateway};
 use serde_json::json;
 use strata_core::wire::{MAX_BATCH, MAX_BODY_BYTES, MAX_MULTI_LIMITS};
 use strata_gateway::metrics::Source;
 
-#[tokio::test]
-async fn ratelimit_counts_then_denies_with_headers() {
-    let g = embedded(&[]).await;
+/// Runs each case against the embedded origin and against a private Redis.
+macro_rules! on_every_origin {
+    ($($case:ident($tokens:expr)),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test]
+            async fn memory() {
+                super::$case(super::gateway(super::Backend::Memory, $tokens).await).await;
+            }
+            #[tokio::test]
+            async fn redis() {
+                super::$case(super::gateway(super::Backend::Redis, $tokens).await).await;
+            }
+        }
+    )*};
+}
+
+on_every_origin! {
+    ratelimit_counts_then_denies_with_headers(&[]),
+    cost_defaults_to_one_and_cost_zero_only_checks(&[]),
+    multi_is_all_or_nothing(&[]),
+    every_bad_input_gets_its_status_and_the_error_shape(&[]),
+    tokens_are_required_and_bind_one_workspace(&[("token-aaaaaaaa", "acme"), ("token-bbbbbbbb", "globex")]),
+    identities_built_to_collide_stay_apart(&[]),
+    replay_sums_events_per_cell_and_answers_in_request_order(&[]),
+    a_warm_key_is_decided_locally_after_one_cold_read(&[]),
+    health_readiness_and_metrics_answer(&[]),
+}
+
+async fn ratelimit_counts_then_denies_with_headers(g: TestGateway) {
     for expected in [2, 1, 0] {
         assert_eq!(g.limit(None, "user-1", 3).await, (true, expected));
     }
@@ -40,9 +66,7 @@ async fn ratelimit_counts_then_denies_with_headers() {
     assert!((1..=60).contains(&retry), "{retry}");
 }
 
-#[tokio::test]
-async fn cost_defaults_to_one_and_cost_zero_only_checks() {
-    let g = embedded(&[]).await;
+async fn cost_defaults_to_one_and_cost_zero_only_checks(g: TestGateway) {
     let body = |cost: Option<u64>| {
         let mut v = json!({"namespace":"api","identifier":"c","limit":5,"duration":1_000});
         if let Some(c) = cost {
@@ -64,9 +88,7 @@ async fn cost_defaults_to_one_and_cost_zero_only_checks() {
     );
 }
 
-#[tokio::test]
-async fn multi_is_all_or_nothing() {
-    let g = embedded(&[]).await;
+async fn multi_is_all_or_nothing(g: TestGateway) {
     let multi = |cost: u64| {
         json!({"limits":[
             {"namespace":"user","identifier":"u1","limit":10,"duration":60_000,"cost":cost},
@@ -93,9 +115,7 @@ async fn multi_is_all_or_nothing() {
     );
 }
 
-#[tokio::test]
-async fn every_bad_input_gets_its_status_and_the_error_shape() {
-    let g = embedded(&[]).await;
+async fn every_bad_input_gets_its_status_and_the_error_shape(g: TestGateway) {
     let ok_limit = json!({"namespace":"n","identifier":"i","limit":1,"duration":1_000});
     let cases: Vec<(&str, Body, StatusCode, &str)> = vec![
         ("/v1/ratelimit", Body::from("{not json"), StatusCode::BAD_REQUEST, "malformed JSON body"),
@@ -124,9 +144,7 @@ async fn every_bad_input_gets_its_status_and_the_error_shape() {
     assert_eq!(g.limit(None, "i", 1).await, (true, 0));
 }
 
-#[tokio::test]
-async fn tokens_are_required_and_bind_one_workspace() {
-    let g = embedded(&[("token-aaaaaaaa", "acme"), ("token-bbbbbbbb", "globex")]).await;
+async fn tokens_are_required_and_bind_one_workspace(g: TestGateway) {
     let body = json!({"namespace":"api","identifier":"shared-id","limit":2,"duration":60_000});
     let r = g.post("/v1/ratelimit", None, body.clone()).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
@@ -169,9 +187,7 @@ async fn tokens_are_required_and_bind_one_workspace() {
     );
 }
 
-#[tokio::test]
-async fn identities_built_to_collide_stay_apart() {
-    let g = embedded(&[]).await;
+async fn identities_built_to_collide_stay_apart(g: TestGateway) {
     let long = "x".repeat(255);
     let ids = [
         "a:b", "a", "b", "a:b:", ":a:b", "{a}", "}{", "a}:{b", "ü", "u\u{308}", "a b", "%7B", &long,
@@ -210,9 +226,7 @@ async fn identities_built_to_collide_stay_apart() {
     );
 }
 
-#[tokio::test]
-async fn replay_sums_events_per_cell_and_answers_in_request_order() {
-    let g = embedded(&[]).await;
+async fn replay_sums_events_per_cell_and_answers_in_request_order(g: TestGateway) {
     let ev = |id: &str, cost: u64| json!({"namespace":"api","identifier":id,"duration":1_000,"sequence":7,"cost":cost,"limit":10});
     let r = g
         .post(
@@ -241,9 +255,7 @@ async fn replay_sums_events_per_cell_and_answers_in_request_order() {
     assert_eq!(empty.body, json!({"cells":[]}));
 }
 
-#[tokio::test]
-async fn a_warm_key_is_decided_locally_after_one_cold_read() {
-    let g = embedded(&[]).await;
+async fn a_warm_key_is_decided_locally_after_one_cold_read(g: TestGateway) {
     for _ in 0..50 {
         assert!(g.limit(None, "far-from-limit", 1_000).await.0);
         g.clock.advance(50); // 2.5 s in all: within the 5 s freshness
@@ -254,13 +266,11 @@ async fn a_warm_key_is_decided_locally_after_one_cold_read() {
     assert_eq!(m.decisions(Source::Local), 49);
 }
 
-#[tokio::test]
-async fn health_readiness_and_metrics_answer() {
-    let g = embedded(&[]).await;
+async fn health_readiness_and_metrics_answer(g: TestGateway) {
     assert_eq!(g.get("/healthz").await.body["status"], "ok");
     let ready = g.get("/readyz").await;
     assert_eq!(ready.status, StatusCode::OK);
-    assert_eq!(ready.body["origin"], "memory");
+    assert_eq!(ready.body["origin"], g.gateway.limiter.origin.kind());
     g.limit(None, "m", 1).await;
     g.limit(None, "m", 1).await;
     let m = g.get("/metrics").await;

@@ -3,6 +3,7 @@
 //! wraps them with a timeout and a circuit breaker (`OriginClient`).
 
 pub mod memory;
+pub mod redis;
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use crate::breaker::Breaker;
 use crate::metrics::Metrics;
 
 pub use memory::MemoryOrigin;
+pub use redis::RedisOrigin;
 
 /// Why an origin call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +59,8 @@ pub struct CellIncrement<'a> {
 pub enum Origin {
     /// In-process memory (the embedded default).
     Memory(MemoryOrigin),
+    /// Redis, shared by the gateways of a region.
+    Redis(RedisOrigin),
 }
 
 impl Origin {
@@ -64,6 +68,7 @@ impl Origin {
     async fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Result<Vec<u64>, OriginError> {
         match self {
             Origin::Memory(m) => Ok(m.read(cells, now_ms)),
+            Origin::Redis(r) => r.read(cells).await,
         }
     }
 
@@ -75,12 +80,14 @@ impl Origin {
     ) -> Result<Vec<u64>, OriginError> {
         match self {
             Origin::Memory(m) => Ok(m.replay(cells, now_ms)),
+            Origin::Redis(r) => r.replay(cells).await,
         }
     }
 
     async fn ping(&self) -> Result<(), OriginError> {
         match self {
             Origin::Memory(_) => Ok(()),
+            Origin::Redis(r) => r.ping().await,
         }
     }
 
@@ -88,6 +95,7 @@ impl Origin {
     pub fn kind(&self) -> &'static str {
         match self {
             Origin::Memory(_) => "memory",
+            Origin::Redis(_) => "redis",
         }
     }
 }
@@ -140,6 +148,7 @@ impl OriginClient {
     pub fn purge_expired(&self, now_ms: u64) -> usize {
         match &self.origin {
             Origin::Memory(m) => m.purge_expired(now_ms),
+            Origin::Redis(_) => 0,
         }
     }
 

@@ -22,6 +22,17 @@ use strata_gateway::clock::Clock;
 use strata_gateway::config::Settings;
 use tower::ServiceExt;
 
+pub mod redis;
+
+use redis::RedisServer;
+
+/// Which regional origin a gateway under test uses.
+pub enum Backend {
+    Memory,
+    /// A private redis-server started for the test.
+    Redis,
+}
+
 /// 20 s into a minute, on a 1 s boundary.
 pub const T0: u64 = 1_700_000_000_000;
 
@@ -29,17 +40,30 @@ pub struct TestGateway {
     pub gateway: Arc<Gateway>,
     pub router: Router,
     pub clock: Clock,
+    /// Kept alive for the gateway's lifetime.
+    pub redis: Option<RedisServer>,
 }
 
 pub async fn embedded(tokens: &[(&str, &str)]) -> TestGateway {
+    gateway(Backend::Memory, tokens).await
+}
+
+pub async fn gateway(backend: Backend, tokens: &[(&str, &str)]) -> TestGateway {
+    let redis = match backend {
+        Backend::Memory => None,
+        Backend::Redis => Some(RedisServer::start()),
+    };
     let settings = Settings {
         tokens: tokens
             .iter()
             .map(|(t, w)| (t.to_string(), w.to_string()))
             .collect::<HashMap<_, _>>(),
+        redis_url: redis.as_ref().map(RedisServer::url),
         ..Settings::default()
     };
-    with_settings(settings).await
+    let mut g = with_settings(settings).await;
+    g.redis = redis;
+    g
 }
 
 pub async fn with_settings(settings: Settings) -> TestGateway {
@@ -50,6 +74,7 @@ pub async fn with_settings(settings: Settings) -> TestGateway {
         gateway,
         router,
         clock,
+        redis: None,
     }
 }
 

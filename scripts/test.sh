@@ -44,6 +44,32 @@ install_toolchain_parts() {
   echo "toolchain: $(rustc --version); targets: ${WASM_TARGETS[*]}"
 }
 
+apt_install() {
+  # Debian packages for services the tests run for real. `apt-get update` only when needed.
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "cannot install $*: no apt-get here; install it and rerun" >&2
+    return 1
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+}
+
+ensure_redis() {
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "installing redis-server"
+    apt_install redis-server || return 1
+  fi
+  # The tests start private instances on free ports; the shared one is for manual runs.
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    echo "starting the shared Redis on 127.0.0.1:6379"
+    mkdir -p /tmp/strata-redis
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+      --dir /tmp/strata-redis --logfile /tmp/strata-redis/redis.log || return 1
+  fi
+  echo "redis: $(redis-server --version | cut -d' ' -f3)"
+}
+
 no_std_builds() {
   # Default features off is the no_std build; the Wasm targets are what the edge shells use.
   for target in "${WASM_TARGETS[@]}"; do
@@ -52,6 +78,7 @@ no_std_builds() {
 }
 
 step "install missing tools (Rust targets, components)" install_toolchain_parts
+step "install and start services (Redis)" ensure_redis
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (unit, reference cases, properties, accuracy sweep)" \

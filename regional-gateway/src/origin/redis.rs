@@ -66,7 +66,8 @@ impl RedisOrigin {
     /// Sets up a lazily connecting client: the gateway starts (and decides locally) even if
     /// Redis is down, and connects when it comes up.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, OriginError> {
-        let client = redis::Client::open(url).map_err(|e| OriginError::Backend(format!("invalid Redis URL: {e}")))?;
+        let client = redis::Client::open(url)
+            .map_err(|e| OriginError::Backend(format!("invalid Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
@@ -82,11 +83,18 @@ impl RedisOrigin {
         }
         let keys: Vec<String> = cells.iter().map(|(k, s)| cell_key(*k, *s)).collect();
         let mut conn = self.conn.clone();
-        let values: Vec<Option<u64>> = redis::cmd("MGET").arg(&keys).query_async(&mut conn).await.map_err(backend)?;
+        let values: Vec<Option<u64>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
         Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
     }
 
-    pub(crate) async fn replay(&self, cells: &[CellIncrement<'_>]) -> Result<Vec<u64>, OriginError> {
+    pub(crate) async fn replay(
+        &self,
+        cells: &[CellIncrement<'_>],
+    ) -> Result<Vec<u64>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
@@ -114,7 +122,10 @@ impl RedisOrigin {
 
     pub(crate) async fn ping(&self) -> Result<(), OriginError> {
         let mut conn = self.conn.clone();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await.map_err(backend)?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
         Ok(())
     }
 }
@@ -130,7 +141,10 @@ mod tests {
 
     #[test]
     fn keys_put_the_window_key_in_one_hash_tag() {
-        assert_eq!(cell_key(key("acme", "api", "user-1"), 7), "strata:{acme:api:user-1:60000}:7");
+        assert_eq!(
+            cell_key(key("acme", "api", "user-1"), 7),
+            "strata:{acme:api:user-1:60000}:7"
+        );
     }
 
     #[test]
@@ -144,7 +158,13 @@ mod tests {
 
     #[test]
     fn parts_cannot_trade_characters() {
-        assert_ne!(cell_key(key("ws", "a:b", "c"), 1), cell_key(key("ws", "a", "b:c"), 1));
-        assert_ne!(cell_key(key("ws", "a%3Ab", "c"), 1), cell_key(key("ws", "a:b", "c"), 1));
+        assert_ne!(
+            cell_key(key("ws", "a:b", "c"), 1),
+            cell_key(key("ws", "a", "b:c"), 1)
+        );
+        assert_ne!(
+            cell_key(key("ws", "a%3Ab", "c"), 1),
+            cell_key(key("ws", "a:b", "c"), 1)
+        );
     }
 }

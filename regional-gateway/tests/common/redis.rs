@@ -26,7 +26,9 @@ fn answers_ping(port: u16) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
     let mut buf = [0_u8; 16];
-    s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf)
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
 }
 
 impl RedisServer {
@@ -34,7 +36,11 @@ impl RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("strata-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir for redis");
-        let mut server = Self { child: None, port, dir };
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+        };
         server.restart();
         server
     }
@@ -59,17 +65,32 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.stop();
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); ./scripts/test.sh installs it"));
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}); ./scripts/test.sh installs it")
+            });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !answers_ping(self.port) {
-            assert!(Instant::now() < deadline, "redis-server on port {} did not answer within 10 s", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not answer within 10 s",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -74,7 +74,7 @@ async fn what_one_gateway_admits_the_other_counts() {
     let (_a, a) = start_gateway(&redis, &http).await;
     let (_b, b) = start_gateway(&redis, &http).await;
     let limit =
-        json!({"namespace":"api","identifier":"roaming","limit":10,"duration":2_592_000_000});
+        json!({"namespace":"api","identifier":"roaming","limit":10,"duration":2_592_000_000_u64});
     for _ in 0..10 {
         assert_eq!(
             post(&http, format!("{a}/v1/ratelimit"), limit.clone()).await["success"],
@@ -87,7 +87,7 @@ async fn what_one_gateway_admits_the_other_counts() {
         .unwrap()
         .as_millis() as u64
         / 2_592_000_000;
-    let cell = json!({"cells":[{"namespace":"api","identifier":"roaming","duration":2_592_000_000,"sequence":seq}]});
+    let cell = json!({"cells":[{"namespace":"api","identifier":"roaming","duration":2_592_000_000_u64,"sequence":seq}]});
     let deadline = Instant::now() + Duration::from_secs(10);
     while post(&http, format!("{b}/v1/origin/read"), cell.clone()).await["cells"][0]["regional"]
         != 10

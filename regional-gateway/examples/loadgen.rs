@@ -7,7 +7,12 @@
 //! cargo run --release -p strata-gateway --example loadgen -- --keys 1 --seconds 10
 //! ```
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a tool: a panic is the report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // a tool: a panic is the report
 
 use std::time::{Duration, Instant};
 

@@ -82,11 +82,7 @@ async fn what_one_gateway_admits_the_other_counts() {
         );
     }
     // Wait for A's replay to land in Redis, watching through B's origin API.
-    let seq = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-        / 2_592_000_000;
+    let seq = strata_gateway::clock::Clock::system().now_ms() / 2_592_000_000;
     let cell = json!({"cells":[{"namespace":"api","identifier":"roaming","duration":2_592_000_000_u64,"sequence":seq}]});
     let deadline = Instant::now() + Duration::from_secs(10);
     while post(&http, format!("{b}/v1/origin/read"), cell.clone()).await["cells"][0]["regional"]

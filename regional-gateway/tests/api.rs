@@ -1,7 +1,12 @@
 //! The API contract of DESIGN section 4 against the embedded origin: every endpoint, every
 //! error status, auth and workspace isolation, and identities built to collide.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 mod common;
 

@@ -2,7 +2,12 @@
 //! admitted per window, whether the key starts cold (every task waits on one origin read) or
 //! warm, and across a window rollover.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 mod common;
 

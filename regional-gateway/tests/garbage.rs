@@ -2,7 +2,12 @@
 //! a 5xx, never a panic. Bodies are valid requests mutated at random (seeded, so a failure
 //! replays), plus hand-picked oddities.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 mod common;
 

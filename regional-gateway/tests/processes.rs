@@ -1,7 +1,12 @@
 //! Two real `strata-gateway` processes of one region on one Redis: what one admits, the other
 //! counts, through Redis alone.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 mod common;
 

@@ -1,7 +1,12 @@
 //! The gateway on a real Redis: two gateways of one region sharing it, many tasks on one hot
 //! key, and Redis stopped mid-run and restarted.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 mod common;
 

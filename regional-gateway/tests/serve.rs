@@ -1,7 +1,12 @@
 //! The gateway over a real socket: `run` serves, the replay loop delivers accepted cost to the
 //! origin in the background, and shutdown drains it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
 
 use std::time::{Duration, Instant};
 

@@ -15,15 +15,15 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use strata_core::headers::{HeaderLimit, header_values};
 use strata_core::wire::{
-    CellRef, CellsResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest, MultiResponse,
-    RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+    CellRef, CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BODY_BYTES,
+    MultiRequest, MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
 };
 use strata_core::{Counts, Decision};
 
 use crate::Gateway;
 use crate::error::ApiError;
 use crate::metrics::Gauges;
-use crate::origin::CellIncrement;
+use crate::origin::{CellIncrement, DecideLimit};
 
 /// The gateway's routes over shared state.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -32,6 +32,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/ratelimit/multi", post(ratelimit_multi))
         .route("/v1/origin/read", post(origin_read))
         .route("/v1/origin/replay", post(origin_replay))
+        .route("/v1/origin/decide", post(origin_decide))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -153,6 +154,7 @@ async fn ratelimit_multi(
 
 fn counts(regional: impl IntoIterator<Item = u64>) -> CellsResponse {
     CellsResponse {
+        peers: None,
         cells: regional
             .into_iter()
             .map(|regional| Counts {
@@ -207,11 +209,66 @@ async fn origin_replay(
     let after = gw
         .limiter
         .origin
-        .replay(&increments, gw.limiter.clock.now_ms())
+        .replay(
+            req.instance.as_deref(),
+            &increments,
+            gw.limiter.clock.now_ms(),
+        )
         .await?;
-    Ok(Json(counts(
-        slot_of.iter().map(|&s| after.get(s).copied().unwrap_or(0)),
-    )))
+    let at = |s: usize| after.get(s).copied().unwrap_or((0, 1));
+    let mut response = counts(slot_of.iter().map(|&s| at(s).0));
+    if req.instance.is_some() {
+        response.peers = Some(slot_of.iter().map(|&s| at(s).1).collect());
+    }
+    Ok(Json(response))
+}
+
+async fn origin_decide(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<DecideRequest>,
+) -> Result<Json<DecideResponse>, ApiError> {
+    let workspace = gw.auth.workspace(&headers)?;
+    let limits = req.validate(workspace)?;
+    let request: Vec<DecideLimit<'_>> = limits
+        .iter()
+        .map(|l| DecideLimit {
+            key: l.limit.key,
+            limit: l.limit.limit,
+            cost: l.limit.cost,
+            unseen: l.unseen,
+        })
+        .collect();
+    let answer = gw
+        .limiter
+        .origin
+        .decide(&req.instance, &request, gw.limiter.clock.now_ms())
+        .await?;
+    let results: Vec<DecideResult> = answer
+        .limits
+        .iter()
+        .map(|o| DecideResult {
+            success: o.decision.success,
+            limit: o.decision.limit,
+            remaining: o.decision.remaining,
+            reset: o.decision.reset_ms,
+            sequence: o.sequence,
+            current: Counts {
+                regional: o.current,
+                global: 0,
+            },
+            previous: Counts {
+                regional: o.previous,
+                global: 0,
+            },
+            peers: o.peers,
+        })
+        .collect();
+    Ok(Json(DecideResponse {
+        success: answer.success,
+        sequence: results.first().map_or(0, |r| r.sequence),
+        results,
+    }))
 }
 
 async fn healthz() -> Json<serde_json::Value> {

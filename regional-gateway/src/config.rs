@@ -77,6 +77,9 @@ pub struct Cli {
     /// Most window keys held in local memory [default: 1000000].
     #[arg(long, env = "STRATA_TABLE_CAPACITY", value_name = "KEYS")]
     pub table_capacity: Option<usize>,
+    /// Send near-limit passes to the origin (`off` measures the design without it) [default: on].
+    #[arg(long, env = "STRATA_BAND", value_name = "on|off")]
+    pub band: Option<String>,
 }
 
 /// The optional TOML file: the same settings, kebab-case; unknown keys are an error.
@@ -94,6 +97,7 @@ struct FileConfig {
     replay_interval: Option<String>,
     replay_queue: Option<usize>,
     table_capacity: Option<usize>,
+    band: Option<String>,
 }
 
 /// A setting that stops start-up.
@@ -143,6 +147,8 @@ pub struct Settings {
     pub replay_queue: usize,
     /// Most window keys in local memory.
     pub table_capacity: usize,
+    /// Whether near-limit passes go to the origin.
+    pub band: bool,
 }
 
 impl Default for Settings {
@@ -158,6 +164,7 @@ impl Default for Settings {
             replay_interval: DEFAULT_REPLAY_INTERVAL,
             replay_queue: DEFAULT_REPLAY_QUEUE,
             table_capacity: DEFAULT_TABLE_CAPACITY,
+            band: true,
         }
     }
 }
@@ -286,7 +293,13 @@ impl Settings {
             Some(n) => Ok(n),
             None => Ok(default),
         };
+        let band = match cli.band.or(file.band).as_deref().map(str::trim) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => return Err(err("--band", format_args!("{other:?} must be on or off"))),
+        };
         Ok(Settings {
+            band,
             listen,
             region,
             redis_url,

@@ -85,6 +85,9 @@ impl Gateway {
         let policy = OriginPolicy {
             fresh_for_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),
             read_retry_ms: u64::try_from(settings.read_retry.as_millis()).unwrap_or(u64::MAX),
+            replay_interval_ms: u64::try_from(settings.replay_interval.as_millis())
+                .unwrap_or(u64::MAX),
+            band: settings.band,
         };
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let limiter = Limiter::new(
@@ -93,6 +96,7 @@ impl Gateway {
             ReplayQueue::new(settings.replay_queue),
             metrics,
             clock,
+            policy,
         );
         Ok(Arc::new(Self {
             auth: Auth::new(settings.tokens.clone()),
@@ -126,12 +130,14 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
-    let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped));
+    let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
+    let presence = tokio::spawn(presence_loop(gateway.clone(), stopped));
     let served = axum::serve(listener, app(gateway.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     let _ = stop.send(true);
     let _ = janitor.await;
+    let _ = presence.await;
     if replay.await.is_err() {
         tracing::error!("replay loop ended abnormally");
     }
@@ -165,6 +171,23 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
         );
     } else {
         tracing::info!(cells = pending, "shutdown: replay queue drained");
+    }
+}
+
+/// Every second, tells the region this process is live and learns how many are: the peers
+/// prior for keys new at the origin (a new key may be about to be hit by all of them).
+async fn presence_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => break,
+        }
+        let limiter = &gateway.limiter;
+        limiter
+            .origin
+            .presence(&limiter.instance, limiter.clock.now_ms())
+            .await;
     }
 }
 

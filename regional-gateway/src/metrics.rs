@@ -17,11 +17,17 @@ pub enum Source {
 }
 
 const SOURCES: [&str; 3] = ["local", "origin", "fallback"];
-const OPS: [&str; 3] = ["read", "replay", "ping"];
+const OPS: [&str; 4] = ["read", "replay", "decide", "ping"];
 const RESULTS: [&str; 4] = ["ok", "timeout", "circuit_open", "backend"];
 /// Upper bounds of the origin latency histogram, in seconds.
 const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+const REASONS: [&str; 4] = ["cold", "stale", "strict", "band"];
+/// Upper bounds of the band size histogram, in cost units.
+const BAND_BUCKETS: [f64; 10] = [
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1_000.0, 10_000.0,
 ];
 
 #[derive(Debug, Default)]
@@ -38,6 +44,10 @@ pub struct Metrics {
     origin_calls: [[AtomicU64; RESULTS.len()]; OPS.len()],
     origin_latency: [Histogram; OPS.len()],
     reads_coalesced: AtomicU64,
+    origin_reasons: [AtomicU64; REASONS.len()],
+    band_buckets: [AtomicU64; BAND_BUCKETS.len()],
+    band_count: AtomicU64,
+    band_sum: AtomicU64,
     replay_cells: AtomicU64,
     replay_dropped: AtomicU64,
     replay_failed_batches: AtomicU64,
@@ -113,6 +123,33 @@ impl Metrics {
             .sum()
     }
 
+    /// A decision that went to the origin, why, and the band at the time.
+    pub fn origin_reason(&self, reason: strata_core::Reason, band: u64) {
+        let r = match reason {
+            strata_core::Reason::Cold => 0,
+            strata_core::Reason::Stale => 1,
+            strata_core::Reason::Strict => 2,
+            strata_core::Reason::Band => 3,
+        };
+        self.origin_reasons[r].fetch_add(1, Ordering::Relaxed);
+        for (bound, bucket) in BAND_BUCKETS.iter().zip(&self.band_buckets) {
+            if band as f64 <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.band_count.fetch_add(1, Ordering::Relaxed);
+        self.band_sum.fetch_add(band, Ordering::Relaxed);
+    }
+
+    /// Requests sent to the origin for `reason` so far.
+    pub fn origin_reasons(&self, reason: strata_core::Reason) -> u64 {
+        let i = REASONS
+            .iter()
+            .position(|r| *r == reason.as_str())
+            .unwrap_or(0);
+        self.origin_reasons[i].load(Ordering::Relaxed)
+    }
+
     /// A request that waited for another request's read of the same cells.
     pub fn read_coalesced(&self) {
         self.reads_coalesced.fetch_add(1, Ordering::Relaxed);
@@ -153,6 +190,28 @@ impl Metrics {
                 );
             }
         }
+        out.push_str("# HELP strata_origin_reasons_total Requests sent to the origin, by why: cold, stale, strict, or near the limit (band).\n");
+        out.push_str("# TYPE strata_origin_reasons_total counter\n");
+        for (r, reason) in REASONS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "strata_origin_reasons_total{{reason=\"{reason}\"}} {}",
+                load(&self.origin_reasons[r])
+            );
+        }
+        out.push_str("# HELP strata_band_size Band (estimated unseen traffic of other processes) when a request went to the origin.\n");
+        out.push_str("# TYPE strata_band_size histogram\n");
+        for (bound, bucket) in BAND_BUCKETS.iter().zip(&self.band_buckets) {
+            let _ = writeln!(
+                out,
+                "strata_band_size_bucket{{le=\"{bound}\"}} {}",
+                load(bucket)
+            );
+        }
+        let band_count = load(&self.band_count);
+        let _ = writeln!(out, "strata_band_size_bucket{{le=\"+Inf\"}} {band_count}");
+        let _ = writeln!(out, "strata_band_size_sum {}", load(&self.band_sum));
+        let _ = writeln!(out, "strata_band_size_count {band_count}");
         out.push_str("# HELP strata_origin_calls_total Calls to the regional origin by operation and result.\n");
         out.push_str("# TYPE strata_origin_calls_total counter\n");
         for (o, op) in OPS.iter().enumerate() {

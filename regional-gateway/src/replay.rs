@@ -86,6 +86,14 @@ impl ReplayQueue {
         dropped
     }
 
+    /// Accepted cost of one cell still waiting (not yet known to the origin).
+    pub fn pending(&self, key: &WindowKey, sequence: u64) -> u64 {
+        self.lock()
+            .get(&(key.clone(), sequence))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Cells waiting.
     pub fn len(&self) -> usize {
         self.lock().len()

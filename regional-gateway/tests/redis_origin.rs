@@ -69,26 +69,25 @@ async fn two_gateways_of_one_region_converge_through_redis() {
     let redis = RedisServer::start();
     let (a, b) = (on_redis(&redis).await, on_redis(&redis).await);
     const LIMIT: u64 = 50;
-    const REPLAY_EVERY: usize = 10; // requests between replays: the replay lag
+    const REPLAY_EVERY: usize = 20; // requests between replays: 20 x 5 ms = the 100 ms interval
     let mut admitted = 0;
     for i in 0..400 {
         let g = if i % 2 == 0 { &a } else { &b };
         admitted += u64::from(decide(&g.gateway, "shared", LIMIT).await);
+        a.clock.advance(5);
+        b.clock.advance(5);
         if i % REPLAY_EVERY == REPLAY_EVERY - 1 {
             assert!(a.gateway.limiter.replay_once().await);
             assert!(b.gateway.limiter.replay_once().await);
         }
     }
     println!(
-        "two gateways, limit {LIMIT}, replay every {REPLAY_EVERY} requests: admitted {admitted}"
+        "two gateways, limit {LIMIT}, 400 requests in 2 s, replay every 100 ms: admitted {admitted}"
     );
-    // Each gateway decides from its own count plus what the other had replayed when it last
-    // read: it can run ahead by at most what the other admitted since that read.
-    assert!(admitted >= LIMIT, "under-admitted: {admitted}");
-    assert!(
-        admitted <= LIMIT + REPLAY_EVERY as u64,
-        "over-admitted: {admitted}"
-    );
+    // Near the limit each gateway decides at Redis, counting the other's possible unreplayed
+    // passes as used: exact, give or take what the estimate misses.
+    assert!(admitted >= LIMIT - 2, "under-admitted: {admitted}");
+    assert!(admitted <= LIMIT + 2, "over-admitted: {admitted}");
     // Both now see the region's whole count.
     let seq = T0 / 60_000;
     for g in [&a, &b] {

@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion, name: &str, keys: usize) {
             let key = WindowKeyRef::new("ws", "api", &ids[order[i]], duration).unwrap();
             match table.check(key, MAX_COUNT, 1, NOW_MS) {
                 Step::Decided(d) => black_box(d.success),
-                Step::Read(_) => panic!("the table was warmed"),
+                Step::Origin(_) => panic!("the table was warmed"),
             }
         })
     });

@@ -39,7 +39,7 @@ fn main() {
                 let key = WindowKeyRef::new("ws", "api", black_box(&id), duration).unwrap();
                 match table.check(key, MAX_COUNT, 1, now) {
                     Step::Decided(d) => black_box(d.success),
-                    Step::Read(_) => panic!("warm key went to the origin"),
+                    Step::Origin(_) => panic!("warm key went to the origin"),
                 };
             }
         }

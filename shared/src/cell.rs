@@ -3,9 +3,11 @@
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
 //! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
-//! to 104 bytes so a table slot (with its 24-byte key) is exactly two cache lines.
+//! to 168 bytes (two cells, the band's 64) so a table slot with its key is three cache lines.
 
+use crate::band::BandState;
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
+use crate::origin::OriginPolicy;
 use crate::window::WindowDuration;
 
 /// One fixed window as a process sees it.
@@ -66,6 +68,8 @@ pub struct WindowState {
     pub(crate) limit: u64,
     pub(crate) current: CellState,
     pub(crate) previous: CellState,
+    /// What the band needs to estimate other processes' unseen traffic.
+    pub(crate) band: BandState,
 }
 
 impl WindowState {
@@ -77,6 +81,15 @@ impl WindowState {
             limit: 0,
             current: CellState::COLD,
             previous: CellState::COLD,
+            band: BandState {
+                own_at_origin: 0,
+                others_at_answer: 0,
+                answered_at: 0,
+                others_per_interval: 0,
+                bucket: 0,
+                bucket_cost: [0, 0],
+                peers: 0,
+            },
         }
     }
 
@@ -100,6 +113,7 @@ impl WindowState {
         };
         self.current = CellState::COLD;
         self.sequence = sequence;
+        self.band.roll();
         now_ms
     }
 
@@ -181,10 +195,20 @@ impl WindowState {
     }
 
     /// Applies a decision made from this state at `now_ms` (already rolled to): a pass adds
-    /// the cost to the regional count; a denial adds nothing and starts strict mode.
-    pub fn apply(&mut self, decision: &Decision, duration: WindowDuration, cost: u64, now_ms: u64) {
+    /// the cost to the regional count (and to this process's recent rate, for the band); a
+    /// denial adds nothing and starts strict mode.
+    pub fn apply(
+        &mut self,
+        decision: &Decision,
+        duration: WindowDuration,
+        cost: u64,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) {
         if decision.success {
             self.current.counts.regional = self.current.counts.regional.saturating_add(cost);
+            self.band
+                .record_own(cost, now_ms, policy.replay_interval_ms);
         } else {
             self.strict_until = self
                 .strict_until
@@ -192,20 +216,21 @@ impl WindowState {
         }
     }
 
-    /// Decides one limit locally and applies the result.
+    /// Decides one limit locally, whatever the cells' freshness, and applies the result.
     pub fn decide(
         &mut self,
         duration: WindowDuration,
         limit: u64,
         cost: u64,
         now_ms: u64,
+        policy: &OriginPolicy,
     ) -> Decision {
         let now_ms = self.roll(duration, now_ms);
         self.observe_limit(limit);
         let decision = self
             .check(duration, limit, cost)
             .decide_in(self.sequence, now_ms, 0);
-        self.apply(&decision, duration, cost, now_ms);
+        self.apply(&decision, duration, cost, now_ms, policy);
         decision
     }
 }
@@ -251,8 +276,11 @@ mod tests {
     #[test]
     fn denial_counts_nothing_and_starts_strict_mode() {
         let mut s = WindowState::new(second(), 10_000);
-        assert!(s.decide(second(), 2, 2, 10_100).success);
-        let d = s.decide(second(), 2, 1, 10_200);
+        assert!(
+            s.decide(second(), 2, 2, 10_100, &OriginPolicy::default())
+                .success
+        );
+        let d = s.decide(second(), 2, 1, 10_200, &OriginPolicy::default());
         assert!(!d.success);
         assert_eq!(s.current().counts().regional, 2);
         assert_eq!(s.strict_until(), 11_200);
@@ -266,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn a_window_state_is_104_bytes() {
-        assert_eq!(core::mem::size_of::<WindowState>(), 104);
+    fn a_window_state_is_168_bytes() {
+        assert_eq!(core::mem::size_of::<WindowState>(), 168);
     }
 }

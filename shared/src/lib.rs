@@ -12,7 +12,8 @@
 //! | [`window`] | fixed-window arithmetic: sequence, elapsed, reset, expiry, decay |
 //! | [`decision`] | the sliding-window decision, single and all-or-nothing |
 //! | [`cell`] | one window key's state: two cells and the strict-mode deadline |
-//! | [`origin`] | which cells to read from the regional origin, and merging its answers |
+//! | [`origin`] | the decision order (local, or at the origin and why), merging origin answers |
+//! | [`band`] | the estimate of other processes' unseen traffic that guards local passes |
 //! | [`table`] | the bounded single-threaded LRU table of an edge process |
 //! | [`gcounter`] | the global G-Counter, own/foreign imports and the publish policy |
 //! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
@@ -23,35 +24,48 @@
 //!
 //! ```
 //! use strata_core::table::Step;
-//! use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKeyRef};
+//! use strata_core::{CounterTable, Counts, OriginAnswer, TableConfig, WindowDuration, WindowKeyRef};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut table = CounterTable::new(TableConfig::default(), 0x5eed); // seed from the host
 //! let minute = WindowDuration::from_ms(60_000)?;
 //! let key = WindowKeyRef::new("acme", "api", "user-42", minute)?;
 //! let now_ms = 1_700_000_000_000; // 20 s into its minute
-//! // The region has counted 3 in this minute and 6 in the last one.
-//! let read_origin = |sequence: u64| -> Result<Counts, ()> {
-//!     let regional = if sequence == minute.sequence(now_ms) { 3 } else { 6 };
-//!     Ok(Counts { regional, global: 0 })
+//! // The origin (`POST /v1/origin/decide`) has counted 3 in this minute and 6 in the last:
+//! // 3 + floor(6 * 40/60) + 1 = 8 of 10, so it passes and counts this request.
+//! let decide_at_origin = || -> Result<OriginAnswer, ()> {
+//!     Ok(OriginAnswer {
+//!         limit: 10,
+//!         remaining: 2,
+//!         reset_ms: minute.reset(minute.sequence(now_ms)),
+//!         sequence: minute.sequence(now_ms),
+//!         counted: true,
+//!         denied: false,
+//!         current: Counts { regional: 4, global: 0 },
+//!         previous: Counts { regional: 6, global: 0 },
+//!         peers: 1,
+//!     })
 //! };
 //!
 //! let decision = match table.check(key, 10, 1, now_ms) {
-//!     Step::Decided(d) => d, // warm, fresh, not strict: no round trip
-//!     Step::Read(plan) => {
-//!         // Cold, stale or strict: read those cells first (one batched call in a real shell).
-//!         for (sequence, _reason) in plan.cells() {
-//!             match read_origin(sequence) {
-//!                 Ok(counts) => table.apply_origin(key, sequence, counts, now_ms),
-//!                 Err(()) => table.fail_origin(key, sequence, now_ms),
-//!             };
+//!     // A local denial, or a pass with room to spare: no round trip.
+//!     Step::Decided(d) => d,
+//!     // Cold, stale, strict or near the limit: the origin decides, atomically.
+//!     Step::Origin(plan) => match decide_at_origin() {
+//!         Ok(answer) => table.apply_decided(key, 1, &answer, now_ms),
+//!         Err(()) => {
+//!             // Unreachable origin: not fresh, retried later; decide from local memory.
+//!             for (sequence, _) in plan.reads.cells() {
+//!                 table.fail_origin(key, sequence, now_ms);
+//!             }
+//!             table.decide(key, 10, 1, now_ms)
 //!         }
-//!         table.decide(key, 10, 1, now_ms)
-//!     }
+//!     },
 //! };
 //! assert!(decision.success);
-//! // 3 + floor(6 * 40/60) + 1 = 8 of 10.
 //! assert_eq!(decision.remaining, 2);
+//! // The key is warm now: the next request is decided locally (2 left, no other process).
+//! assert!(matches!(table.check(key, 10, 1, now_ms), Step::Decided(d) if d.remaining == 1));
 //! # Ok(())
 //! # }
 //! ```
@@ -61,6 +75,7 @@
 
 extern crate alloc;
 
+pub mod band;
 pub mod cell;
 pub mod decision;
 pub mod gcounter;
@@ -75,6 +90,6 @@ pub use cell::{CellState, WindowState};
 pub use decision::{Counts, Decision, LimitCheck, MultiDecision, WindowCounts, decide_all};
 pub use gcounter::{FlushRow, GCounter, PublishPolicy};
 pub use identity::{Cell, Component, IdentityError, Region, WindowKey, WindowKeyRef};
-pub use origin::{OriginPolicy, ReadPlan, ReadReason};
+pub use origin::{OriginAnswer, OriginPlan, OriginPolicy, ReadPlan, Reason, Verdict};
 pub use table::{CounterTable, LimitRequest, MultiStep, Step, TableConfig};
 pub use window::WindowDuration;

@@ -11,6 +11,8 @@ use crate::decision::Counts;
 pub const DEFAULT_FRESH_FOR_MS: u64 = 5_000;
 /// How long a failed origin call holds off the next read of the same cell by default.
 pub const DEFAULT_READ_RETRY_MS: u64 = 300;
+/// How often processes replay accepted cost to the origin by default: the lag the band covers.
+pub const DEFAULT_REPLAY_INTERVAL_MS: u64 = 100;
 
 /// Region-wide freshness settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +23,11 @@ pub struct OriginPolicy {
     /// next read is tried (so a down origin costs one timeout per cell per interval, not one
     /// per request).
     pub read_retry_ms: u64,
+    /// How often this process replays accepted cost: the window of unseen traffic the band
+    /// estimates.
+    pub replay_interval_ms: u64,
+    /// Whether near-limit passes go to the origin (`false` measures the design without it).
+    pub band: bool,
 }
 
 impl Default for OriginPolicy {
@@ -28,28 +35,33 @@ impl Default for OriginPolicy {
         Self {
             fresh_for_ms: DEFAULT_FRESH_FOR_MS,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
+            replay_interval_ms: DEFAULT_REPLAY_INTERVAL_MS,
+            band: true,
         }
     }
 }
 
-/// Why a cell must be read from the origin before deciding.
+/// Why a decision goes to the origin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReadReason {
+pub enum Reason {
     /// No origin answer has ever been merged.
     Cold,
     /// The last answer is older than `fresh_for`.
     Stale,
     /// A recent denial on the window key: the current cell is re-read before a local pass.
     Strict,
+    /// The budget left is within the band of what other processes may have admitted unseen.
+    Band,
 }
 
-impl ReadReason {
+impl Reason {
     /// Label for logs and metrics.
     pub const fn as_str(self) -> &'static str {
         match self {
-            ReadReason::Cold => "cold",
-            ReadReason::Stale => "stale",
-            ReadReason::Strict => "strict",
+            Reason::Cold => "cold",
+            Reason::Stale => "stale",
+            Reason::Strict => "strict",
+            Reason::Band => "band",
         }
     }
 }
@@ -60,9 +72,9 @@ pub struct ReadPlan {
     /// Sequence of the current cell (the previous one is `sequence - 1`).
     pub sequence: u64,
     /// Why the current cell must be read.
-    pub current: Option<ReadReason>,
+    pub current: Option<Reason>,
     /// Why the previous cell must be read.
-    pub previous: Option<ReadReason>,
+    pub previous: Option<Reason>,
 }
 
 impl ReadPlan {
@@ -72,14 +84,217 @@ impl ReadPlan {
     }
 
     /// The cells to read, as `(sequence, reason)`, current first.
-    pub fn cells(&self) -> impl Iterator<Item = (u64, ReadReason)> + '_ {
+    pub fn cells(&self) -> impl Iterator<Item = (u64, Reason)> + '_ {
         let current = self.current.map(|r| (self.sequence, r));
         let previous = self.previous.map(|r| (self.sequence.saturating_sub(1), r));
         current.into_iter().chain(previous)
     }
 }
 
+/// A decision the local view cannot make safely: make it at the origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginPlan {
+    /// Sequence of the current cell.
+    pub sequence: u64,
+    /// Why: the current cell's reason first, then the previous cell's, then the band.
+    pub reason: Reason,
+    /// The cells that are cold, stale or strict (a shell may refresh them and check again).
+    pub reads: ReadPlan,
+    /// The band at the time: what other processes may have admitted that the origin has not
+    /// been told yet. The origin counts it as used (`reserve` of the decide request), so its
+    /// decision is exact against the unseen traffic too, not only against what it holds.
+    pub band: u64,
+}
+
+/// An origin's answer to a decision request, for one limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginAnswer {
+    /// The limit applied.
+    pub limit: u64,
+    /// What is left, as the origin computed it.
+    pub remaining: u64,
+    /// Unix ms at which the current window ends.
+    pub reset_ms: u64,
+    /// The current sequence on the origin's clock.
+    pub sequence: u64,
+    /// Whether the origin added the cost (the whole request passed there).
+    pub counted: bool,
+    /// Whether this limit itself denied (starts strict mode).
+    pub denied: bool,
+    /// The current cell after the decision.
+    pub current: Counts,
+    /// The previous cell.
+    pub previous: Counts,
+    /// Distinct processes the origin saw on the key recently.
+    pub peers: u32,
+}
+
+/// Where a request's decision is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The local view decides: a denial (always safe: it is a lower bound), or a pass with
+    /// the band covered.
+    Local(crate::decision::Decision),
+    /// The origin must decide.
+    Origin(OriginPlan),
+}
+
 impl WindowState {
+    /// The decision order of DESIGN 3 at `now_ms` (already rolled to): (1) the local view
+    /// denies: deny locally, whatever the cells' state, so traffic over its limit costs no
+    /// round trip; (2) warm, fresh, not strict and `effective + band <= limit`: pass locally;
+    /// (3) otherwise decide at the origin. A cell whose last origin call failed within the
+    /// retry delay is decided locally (the fallback) rather than tried again.
+    pub fn classify(
+        &self,
+        duration: crate::window::WindowDuration,
+        limit: u64,
+        cost: u64,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) -> Verdict {
+        let local = self
+            .check(duration, limit, cost)
+            .decide_in(self.sequence, now_ms, 0);
+        if !local.success {
+            return Verdict::Local(local);
+        }
+        let reads = self.plan_reads(now_ms);
+        let band = if policy.band {
+            self.band.band(limit, now_ms, policy.replay_interval_ms)
+        } else {
+            0
+        };
+        let plan = |reason| OriginPlan {
+            sequence: self.sequence,
+            reason,
+            reads,
+            band,
+        };
+        if let Some(reason) = reads.current.or(reads.previous) {
+            return Verdict::Origin(plan(reason));
+        }
+        if now_ms < self.current.read_retry_at {
+            return Verdict::Local(local);
+        }
+        if local.remaining < band {
+            return Verdict::Origin(plan(Reason::Band));
+        }
+        Verdict::Local(local)
+    }
+
+    /// Merges the origin's decision for one limit: both cells' counts with `max`, both fresh,
+    /// the peers it saw; the cost it counted is acknowledged as ours; a denial starts strict
+    /// mode. Returns the decision to answer the client with: the origin's verdict and
+    /// remaining, and (for a denial) a retry-after computed from the merged counts.
+    pub fn apply_decided(
+        &mut self,
+        duration: crate::window::WindowDuration,
+        answer: &OriginAnswer,
+        cost: u64,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) -> crate::decision::Decision {
+        let now_ms = self.roll(duration, now_ms);
+        self.merge_fresh(answer.sequence, answer.current, now_ms, policy);
+        self.merge_fresh(
+            answer.sequence.saturating_sub(1),
+            answer.previous,
+            now_ms,
+            policy,
+        );
+        if answer.sequence == self.sequence {
+            if answer.counted {
+                self.band.acknowledge_own(cost);
+                self.band
+                    .record_own(cost, now_ms, policy.replay_interval_ms);
+            }
+            self.band.observe(
+                answer.current.regional,
+                Some(answer.peers),
+                now_ms,
+                policy.replay_interval_ms,
+            );
+        }
+        if answer.denied {
+            self.strict_until = self
+                .strict_until
+                .max(now_ms.saturating_add(duration.as_ms()));
+        }
+        let success = answer.counted && !answer.denied;
+        let retry_after_ms = if success {
+            Some(0)
+        } else {
+            // On our clock, from what we now know; if clocks disagree and it would pass here,
+            // tell the client to try again at once rather than claim it never passes.
+            let local =
+                self.check(duration, answer.limit, cost)
+                    .decide_in(self.sequence, now_ms, 0);
+            if local.success {
+                Some(1)
+            } else {
+                local.retry_after_ms
+            }
+        };
+        crate::decision::Decision {
+            success,
+            limit: answer.limit,
+            remaining: answer.remaining,
+            reset_ms: answer.reset_ms,
+            retry_after_ms,
+        }
+    }
+
+    /// Merges a replay answer: `counts` of cell `sequence` after the origin added
+    /// `delivered`, which was this process's own accepted cost, and the peers it reports.
+    pub fn apply_replay(
+        &mut self,
+        sequence: u64,
+        counts: Counts,
+        delivered: u64,
+        peers: Option<u32>,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) -> bool {
+        if sequence == self.sequence {
+            self.band.acknowledge_own(delivered);
+        }
+        if let Some(p) = peers {
+            self.observe_peers(p);
+        }
+        self.apply_origin(sequence, counts, now_ms, policy)
+    }
+
+    /// Records the number of processes the origin reports on this key.
+    pub fn observe_peers(&mut self, peers: u32) {
+        self.band.peers = peers.max(1);
+    }
+
+    /// The band state (for metrics and tests).
+    pub const fn band(&self) -> &crate::band::BandState {
+        &self.band
+    }
+
+    fn merge_fresh(
+        &mut self,
+        sequence: u64,
+        counts: Counts,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) -> bool {
+        let Some(cell) = self.cell_mut(sequence) else {
+            return false;
+        };
+        cell.counts.merge(counts);
+        // Never 0 once answered: 0 means cold.
+        cell.fresh_until = cell
+            .fresh_until
+            .max(now_ms.saturating_add(policy.fresh_for_ms))
+            .max(1);
+        cell.read_retry_at = 0;
+        true
+    }
+
     /// Classifies both cells at `now_ms` (already rolled to). A cell whose last origin call
     /// failed less than `read_retry_ms` ago is not read again yet: it is decided locally.
     pub fn plan_reads(&self, now_ms: u64) -> ReadPlan {
@@ -87,11 +302,11 @@ impl WindowState {
             if now_ms < cell.read_retry_at {
                 None
             } else if !cell.is_warm() {
-                Some(ReadReason::Cold)
+                Some(Reason::Cold)
             } else if now_ms >= cell.fresh_until {
-                Some(ReadReason::Stale)
+                Some(Reason::Stale)
             } else if strict && now_ms < self.strict_until {
-                Some(ReadReason::Strict)
+                Some(Reason::Strict)
             } else {
                 None
             }
@@ -114,16 +329,13 @@ impl WindowState {
         now_ms: u64,
         policy: &OriginPolicy,
     ) -> bool {
-        let Some(cell) = self.cell_mut(sequence) else {
+        if !self.merge_fresh(sequence, counts, now_ms, policy) {
             return false;
-        };
-        cell.counts.merge(counts);
-        // Never 0 once answered: 0 means cold.
-        cell.fresh_until = cell
-            .fresh_until
-            .max(now_ms.saturating_add(policy.fresh_for_ms))
-            .max(1);
-        cell.read_retry_at = 0;
+        }
+        if sequence == self.sequence {
+            self.band
+                .observe(counts.regional, None, now_ms, policy.replay_interval_ms);
+        }
         true
     }
 
@@ -152,11 +364,11 @@ mod tests {
     fn a_new_key_reads_both_cells_cold() {
         let s = WindowState::new(minute(), T);
         let plan = s.plan_reads(T);
-        assert_eq!(plan.current, Some(ReadReason::Cold));
-        assert_eq!(plan.previous, Some(ReadReason::Cold));
+        assert_eq!(plan.current, Some(Reason::Cold));
+        assert_eq!(plan.previous, Some(Reason::Cold));
         assert_eq!(
             plan.cells().collect::<alloc::vec::Vec<_>>(),
-            [(100, ReadReason::Cold), (99, ReadReason::Cold)]
+            [(100, Reason::Cold), (99, Reason::Cold)]
         );
     }
 
@@ -191,7 +403,7 @@ mod tests {
             }
         );
         assert!(s.plan_reads(T + 4_999).is_empty());
-        assert_eq!(s.plan_reads(T + 5_000).current, Some(ReadReason::Stale));
+        assert_eq!(s.plan_reads(T + 5_000).current, Some(Reason::Stale));
         assert!(!s.apply_origin(98, Counts::default(), T, &p), "not held");
     }
 
@@ -207,7 +419,7 @@ mod tests {
             None,
             "decided locally meanwhile"
         );
-        assert_eq!(s.plan_reads(T + 300).current, Some(ReadReason::Cold));
+        assert_eq!(s.plan_reads(T + 300).current, Some(Reason::Cold));
     }
 
     #[test]
@@ -218,7 +430,7 @@ mod tests {
         s.apply_origin(99, Counts::default(), T, &p);
         s.strict_until = T + 60_000;
         let plan = s.plan_reads(T + 1);
-        assert_eq!(plan.current, Some(ReadReason::Strict));
+        assert_eq!(plan.current, Some(Reason::Strict));
         assert_eq!(plan.previous, None);
     }
 
@@ -229,16 +441,16 @@ mod tests {
         s.apply_origin(100, Counts::default(), T, &p);
         s.apply_origin(99, Counts::default(), T, &p);
         // Denied 10 s before the end of window 100.
-        let d = s.decide(minute(), 0, 1, T + 50_000);
+        let d = s.decide(minute(), 0, 1, T + 50_000, &p);
         assert!(!d.success);
         let now = T + 61_000; // window 101
         s.roll(minute(), now);
         s.apply_origin(101, Counts::default(), now, &p);
         s.apply_origin(100, Counts::default(), now, &p);
-        assert_eq!(s.plan_reads(now).current, Some(ReadReason::Strict));
+        assert_eq!(s.plan_reads(now).current, Some(Reason::Strict));
         assert_ne!(
             s.plan_reads(T + 110_000).current,
-            Some(ReadReason::Strict),
+            Some(Reason::Strict),
             "strict ends one duration after the denial"
         );
     }

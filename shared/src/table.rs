@@ -25,7 +25,7 @@ use crate::cell::WindowState;
 use crate::decision::{Decision, LimitCheck, MultiDecision, decide_all};
 use crate::gcounter::{FlushRow, PublishPolicy, sort_flush_rows};
 use crate::identity::{WindowKey, WindowKeyRef};
-use crate::origin::{OriginPolicy, ReadPlan};
+use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Verdict};
 
 /// Default bound on entries (window keys), as Fastly's ratecounter.
 pub const DEFAULT_CAPACITY: usize = 200_000;
@@ -73,14 +73,15 @@ pub struct LimitRequest<'a> {
     pub cost: u64,
 }
 
-/// What a local check produced: a decision, or the cells to read first.
+/// What a local check produced: a decision, or a decision the origin must make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Decided locally and applied.
+    /// Decided locally and applied (a denial, or a pass with the band covered).
     Decided(Decision),
-    /// Read these cells from the origin, merge them (`apply_origin`/`fail_origin`), then call
-    /// [`CounterTable::decide`]. Nothing was counted.
-    Read(ReadPlan),
+    /// Decide at the origin and merge its answer with [`CounterTable::apply_decided`]; on
+    /// failure, [`CounterTable::fail_origin`] then [`CounterTable::decide`] (the local
+    /// fallback). Nothing was counted.
+    Origin(OriginPlan),
 }
 
 /// The multi-limit form of [`Step`].
@@ -88,8 +89,9 @@ pub enum Step {
 pub enum MultiStep {
     /// Decided locally and applied (all or nothing).
     Decided(MultiDecision),
-    /// `(limit index, plan)` for every limit with cells to read. Nothing was counted.
-    Read(Vec<(usize, ReadPlan)>),
+    /// `(limit index, plan)` for every limit the origin must decide; the shell sends the
+    /// whole request there (all or nothing). Nothing was counted.
+    Origin(Vec<(usize, OriginPlan)>),
 }
 
 /// A multi-limit request larger than the table can hold at once.
@@ -215,22 +217,21 @@ impl CounterTable {
         self.find(key).map(|i| &self.slots[i].state)
     }
 
-    /// Decides one limit locally if the key's cells allow it (warm, fresh, not strict);
-    /// otherwise returns the cells to read from the origin first.
+    /// Decides one limit locally where that is safe (see [`WindowState::classify`]): a local
+    /// denial, or a pass with the band covered; otherwise says why the origin must decide.
     pub fn check(&mut self, key: WindowKeyRef<'_>, limit: u64, cost: u64, now_ms: u64) -> Step {
         let d = key.duration();
+        let policy = self.config.origin;
         let state = self.state_mut(key, now_ms);
         let now_ms = state.roll(d, now_ms);
         state.observe_limit(limit);
-        let plan = state.plan_reads(now_ms);
-        if !plan.is_empty() {
-            return Step::Read(plan);
+        match state.classify(d, limit, cost, now_ms, &policy) {
+            Verdict::Local(decision) => {
+                state.apply(&decision, d, cost, now_ms, &policy);
+                Step::Decided(decision)
+            }
+            Verdict::Origin(plan) => Step::Origin(plan),
         }
-        let decision = state
-            .check(d, limit, cost)
-            .decide_in(state.sequence(), now_ms, 0);
-        state.apply(&decision, d, cost, now_ms);
-        Step::Decided(decision)
     }
 
     /// Decides one limit from local state whatever its freshness (after the reads of a
@@ -242,8 +243,9 @@ impl CounterTable {
         cost: u64,
         now_ms: u64,
     ) -> Decision {
+        let policy = self.config.origin;
         self.state_mut(key, now_ms)
-            .decide(key.duration(), limit, cost, now_ms)
+            .decide(key.duration(), limit, cost, now_ms, &policy)
     }
 
     /// [`check`](Self::check) for several limits, all or nothing.
@@ -253,22 +255,25 @@ impl CounterTable {
         now_ms: u64,
     ) -> Result<MultiStep, TooManyLimits> {
         let slots = self.slots_for(limits, now_ms)?;
-        let mut reads = Vec::new();
-        for (i, (&slot, limit)) in slots.iter().zip(limits).enumerate() {
+        let policy = self.config.origin;
+        let mut origin = Vec::new();
+        let mut local = Vec::with_capacity(limits.len());
+        for (i, (&slot, l)) in slots.iter().zip(limits).enumerate() {
             let state = &mut self.slots[slot].state;
-            let now_ms = state.roll(limit.key.duration(), now_ms);
-            state.observe_limit(limit.limit);
-            let plan = state.plan_reads(now_ms);
-            if !plan.is_empty() {
-                reads.push((i, plan));
+            let now_ms = state.roll(l.key.duration(), now_ms);
+            state.observe_limit(l.limit);
+            match state.classify(l.key.duration(), l.limit, l.cost, now_ms, &policy) {
+                Verdict::Local(d) => local.push(d),
+                Verdict::Origin(plan) => origin.push((i, plan)),
             }
         }
-        if !reads.is_empty() {
-            return Ok(MultiStep::Read(reads));
+        // Any limit the local view denies denies the request: all or nothing, no round trip.
+        if origin.is_empty() || local.iter().any(|d| !d.success) {
+            return Ok(MultiStep::Decided(
+                self.decide_slots(&slots, limits, now_ms),
+            ));
         }
-        Ok(MultiStep::Decided(
-            self.decide_slots(&slots, limits, now_ms),
-        ))
+        Ok(MultiStep::Origin(origin))
     }
 
     /// [`decide`](Self::decide) for several limits, all or nothing.
@@ -322,9 +327,10 @@ impl CounterTable {
         let multi = decide_all(&checks, now_ms, |i, j| slots[i] == slots[j]);
         for (i, decision) in multi.to_apply() {
             if let (Some(&slot), Some(l)) = (slots.get(i), limits.get(i)) {
+                let policy = self.config.origin;
                 let state = &mut self.slots[slot].state;
                 let now_ms = state.roll(l.key.duration(), now_ms);
-                state.apply(decision, l.key.duration(), l.cost, now_ms);
+                state.apply(decision, l.key.duration(), l.cost, now_ms, &policy);
             }
         }
         multi
@@ -349,6 +355,41 @@ impl CounterTable {
         let state = self.state_mut(key, now_ms);
         let now_ms = state.roll(key.duration(), now_ms);
         state.apply_origin(sequence, counts, now_ms, &policy)
+    }
+
+    /// Merges the origin's decision for one limit; see [`WindowState::apply_decided`].
+    pub fn apply_decided(
+        &mut self,
+        key: WindowKeyRef<'_>,
+        cost: u64,
+        answer: &OriginAnswer,
+        now_ms: u64,
+    ) -> Decision {
+        let policy = self.config.origin;
+        self.state_mut(key, now_ms)
+            .apply_decided(key.duration(), answer, cost, now_ms, &policy)
+    }
+
+    /// Merges a replay answer that delivered `delivered` of this process's own cost; see
+    /// [`WindowState::apply_replay`].
+    pub fn apply_replay(
+        &mut self,
+        key: WindowKeyRef<'_>,
+        sequence: u64,
+        counts: crate::decision::Counts,
+        delivered: u64,
+        peers: Option<u32>,
+        now_ms: u64,
+    ) -> bool {
+        let policy = self.config.origin;
+        let state = self.state_mut(key, now_ms);
+        let now_ms = state.roll(key.duration(), now_ms);
+        state.apply_replay(sequence, counts, delivered, peers, now_ms, &policy)
+    }
+
+    /// Records the number of processes the origin reports on a key.
+    pub fn observe_peers(&mut self, key: WindowKeyRef<'_>, peers: u32, now_ms: u64) {
+        self.state_mut(key, now_ms).observe_peers(peers);
     }
 
     /// Records a failed origin call for one cell; see [`WindowState::fail_origin`].
@@ -530,8 +571,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_one_pair_of_cache_lines() {
-        assert_eq!(core::mem::size_of::<Slot>(), 128);
+    fn a_slot_is_three_cache_lines() {
+        assert_eq!(core::mem::size_of::<Slot>(), 192);
         assert_eq!(core::mem::size_of::<WindowKey>(), 24);
     }
 }

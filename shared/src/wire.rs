@@ -217,6 +217,10 @@ pub struct ReadRequest {
 pub struct CellsResponse {
     /// One entry per requested cell or event.
     pub cells: Vec<Counts>,
+    /// For a replay that named its `instance`: the distinct processes recently seen on each
+    /// event's key, in request order (the band's peer count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<u32>>,
 }
 
 /// One accepted request (or several, summed) replayed to the origin.
@@ -239,8 +243,32 @@ pub struct ReplayEvent {
 /// `POST /v1/origin/replay` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayRequest {
+    /// The replaying process's random id (optional): counted among the keys' peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// Events; those of one cell are summed before they reach Redis.
     pub events: Vec<ReplayEvent>,
+}
+
+/// One limit of a `POST /v1/origin/decide` request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecideLimitRequest {
+    /// Group of limits.
+    pub namespace: String,
+    /// Subject being limited.
+    pub identifier: String,
+    /// Allowed cost per window.
+    pub limit: u64,
+    /// Window length in milliseconds.
+    pub duration: u64,
+    /// Cost of this request (default 1).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Cost the origin has not been told of that it must count as used (default 0): the
+    /// caller's own accepted but unreplayed cost on the current cell, plus its band (its
+    /// estimate of other processes' unreplayed passes).
+    #[serde(default)]
+    pub unseen: u64,
 }
 
 /// `POST /v1/origin/decide` body.
@@ -249,12 +277,14 @@ pub struct DecideRequest {
     /// The caller's random instance id, counted into `peers`.
     pub instance: String,
     /// The limits, decided all or nothing at the origin.
-    pub limits: Vec<RatelimitRequest>,
+    pub limits: Vec<DecideLimitRequest>,
 }
 
 /// One limit of a `POST /v1/origin/decide` answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecideResult {
+    /// This limit's own verdict (it was counted only if the whole request passed).
+    pub success: bool,
     /// The limit applied.
     pub limit: u64,
     /// What is left.
@@ -290,6 +320,15 @@ pub struct CellRef<'a> {
     pub key: WindowKeyRef<'a>,
     /// The window's sequence.
     pub sequence: u64,
+}
+
+/// A validated limit of an origin decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecideRef<'a> {
+    /// The limit.
+    pub limit: LimitRequest<'a>,
+    /// Cost to count as used that the origin does not hold.
+    pub unseen: u64,
 }
 
 /// A validated replay event.
@@ -402,23 +441,41 @@ impl MultiRequest {
     }
 }
 
+/// Validates an instance id: 1–64 bytes of `[A-Za-z0-9_-]`.
+pub fn validate_instance(instance: &str) -> Result<(), WireError> {
+    let ok = (1..=MAX_INSTANCE_BYTES).contains(&instance.len())
+        && instance
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        return Err(WireError::invalid(
+            "instance",
+            format_args!("must be 1 to {MAX_INSTANCE_BYTES} bytes of letters, digits, '-' and '_'"),
+        ));
+    }
+    Ok(())
+}
+
 impl DecideRequest {
-    /// Validates the instance id (1–64 bytes of `[A-Za-z0-9_-]`) and every limit.
-    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<LimitRequest<'a>>, WireError> {
-        let ok = (1..=MAX_INSTANCE_BYTES).contains(&self.instance.len())
-            && self
-                .instance
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !ok {
-            return Err(WireError::invalid(
-                "instance",
-                format_args!(
-                    "must be 1 to {MAX_INSTANCE_BYTES} bytes of letters, digits, '-' and '_'"
-                ),
-            ));
-        }
-        validate_limits(&self.limits, workspace)
+    /// Validates the instance id and every limit (1 ..= `MAX_MULTI_LIMITS`).
+    pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<DecideRef<'a>>, WireError> {
+        validate_instance(&self.instance)?;
+        batch("limits", &self.limits, 1, MAX_MULTI_LIMITS)?;
+        self.limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let path = format!("limits[{i}].");
+                Ok(DecideRef {
+                    limit: LimitRequest {
+                        key: key(&path, workspace, &l.namespace, &l.identifier, l.duration)?,
+                        limit: count(&path, "limit", l.limit)?,
+                        cost: count(&path, "cost", l.cost)?,
+                    },
+                    unseen: count(&path, "unseen", l.unseen)?,
+                })
+            })
+            .collect()
     }
 }
 
@@ -442,6 +499,9 @@ impl ReadRequest {
 impl ReplayRequest {
     /// Validates every event (0 ..= `MAX_BATCH`).
     pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<ReplayRef<'a>>, WireError> {
+        if let Some(instance) = &self.instance {
+            validate_instance(instance)?;
+        }
         batch("events", &self.events, 0, MAX_BATCH)?;
         self.events
             .iter()

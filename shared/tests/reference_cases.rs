@@ -8,7 +8,7 @@
     clippy::cast_possible_truncation
 )] // test code: a panic is the failure report
 
-use strata_core::origin::ReadReason;
+use strata_core::origin::Reason;
 use strata_core::table::{LimitRequest, Step};
 use strata_core::{CounterTable, Counts, PublishPolicy, TableConfig, WindowDuration, WindowKeyRef};
 
@@ -29,8 +29,8 @@ fn table() -> CounterTable {
 
 /// Answers a read plan as an origin that holds nothing yet would.
 fn warm_up(t: &mut CounterTable, k: WindowKeyRef<'_>, limit: u64, now: u64) {
-    if let Step::Read(plan) = t.check(k, limit, 0, now) {
-        for (sequence, _) in plan.cells() {
+    if let Step::Origin(plan) = t.check(k, limit, 0, now) {
+        for (sequence, _) in plan.reads.cells() {
             assert!(t.apply_origin(k, sequence, Counts::default(), now));
         }
     }
@@ -40,14 +40,10 @@ fn warm_up(t: &mut CounterTable, k: WindowKeyRef<'_>, limit: u64, now: u64) {
 fn cold_oversized_request_consumes_and_propagates_nothing() {
     let mut t = table();
     let k = key("big-spender");
-    let Step::Read(plan) = t.check(k, 10, 11, T0) else {
-        panic!("a cold key must read the origin first");
+    // The local view is a lower bound, and it already denies: no origin round trip.
+    let Step::Decided(d) = t.check(k, 10, 11, T0) else {
+        panic!("a request over the limit on its own is denied locally, cold or not");
     };
-    assert_eq!(plan.current, Some(ReadReason::Cold));
-    for (sequence, _) in plan.cells() {
-        t.apply_origin(k, sequence, Counts::default(), T0);
-    }
-    let d = t.decide(k, 10, 11, T0);
     assert!(!d.success);
     assert_eq!(d.remaining, 10, "nothing was spent");
     assert_eq!(
@@ -180,7 +176,7 @@ fn own_row_import_never_freshens_and_only_raises() {
         !cell.is_warm() && !cell.is_fresh(T0),
         "still read from the origin first"
     );
-    assert!(matches!(t.check(k, 100, 1, T0), Step::Read(_)));
+    assert!(matches!(t.check(k, 100, 1, T0), Step::Origin(p) if p.reason == Reason::Cold));
     assert!(t.apply_sync(k, seq, 10, 0, T0));
     assert_eq!(
         t.get(k).unwrap().current().counts().regional,
@@ -233,21 +229,22 @@ fn strict_mode_survives_the_sequence_rollover() {
         },
         now,
     );
-    let Step::Read(plan) = t.check(k, 1, 1, now) else {
+    let Step::Origin(plan) = t.check(k, 1, 1, now) else {
         panic!("a strict key must not pass locally");
     };
-    assert_eq!(plan.current, Some(ReadReason::Strict));
-    assert_eq!(plan.previous, None);
+    assert_eq!(plan.reason, Reason::Strict);
+    assert_eq!(plan.reads.current, Some(Reason::Strict));
+    assert_eq!(plan.reads.previous, None);
 }
 
 #[test]
 fn a_failed_read_is_not_fresh() {
     let mut t = table();
     let k = key("origin-down");
-    let Step::Read(plan) = t.check(k, 10, 1, T0) else {
+    let Step::Origin(plan) = t.check(k, 10, 1, T0) else {
         panic!("cold");
     };
-    for (sequence, _) in plan.cells() {
+    for (sequence, _) in plan.reads.cells() {
         assert!(t.fail_origin(k, sequence, T0));
     }
     assert!(
@@ -258,6 +255,6 @@ fn a_failed_read_is_not_fresh() {
     assert!(!state.current().is_fresh(T0) && !state.current().is_warm());
     // Within the retry delay decisions stay local; after it the origin is tried again.
     assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Decided(_)));
-    assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Read(_)));
+    assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Origin(_)));
     assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
 }

@@ -95,7 +95,7 @@ fn an_evicted_key_comes_back_cold() {
     }
     let gone: Vec<&String> = ids.iter().filter(|id| t.get(key(id)).is_none()).collect();
     assert_eq!(gone.len(), 1);
-    assert!(matches!(t.check(key(gone[0]), 10, 1, T0), Step::Read(_)));
+    assert!(matches!(t.check(key(gone[0]), 10, 1, T0), Step::Origin(_)));
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn multi_check_asks_for_reads_before_counting_anything() {
             cost: 1,
         },
     ];
-    let strata_core::MultiStep::Read(reads) = t.check_all(&limits, T0).unwrap() else {
+    let strata_core::MultiStep::Origin(reads) = t.check_all(&limits, T0).unwrap() else {
         panic!("b is cold");
     };
     assert_eq!(reads.len(), 1);

@@ -149,7 +149,7 @@ fn replay_and_read_validate_to_cells() {
 }
 
 #[test]
-fn decide_requires_a_plain_instance_id() {
+fn decide_requires_a_plain_instance_id_and_reads_unseen() {
     let limit = r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000,"cost":1}"#;
     for (instance, ok) in [
         ("edge-7f3a_01", true),
@@ -162,6 +162,21 @@ fn decide_requires_a_plain_instance_id() {
         ));
         assert_eq!(req.validate("ws").is_ok(), ok, "{instance:?}");
     }
+    let req: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"unseen":4}]}"#,
+    );
+    let limits = req.validate("ws").unwrap();
+    assert_eq!((limits[0].unseen, limits[0].limit.cost), (4, 1));
+    let too_much: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"unseen":9007199254740992}]}"#,
+    );
+    assert!(
+        too_much
+            .validate("ws")
+            .unwrap_err()
+            .message
+            .starts_with("limits[0].unseen")
+    );
 }
 
 #[test]
@@ -183,6 +198,7 @@ fn responses_have_the_contract_shape() {
             regional: 4,
             global: 2,
         }],
+        peers: None,
     };
     assert_eq!(
         serde_json::to_string(&cells).unwrap(),

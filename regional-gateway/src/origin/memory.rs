@@ -1,13 +1,13 @@
 //! The embedded origin: regional counts in the gateway's own memory, for a single gateway
-//! that needs no Redis. Same contract as Redis: counts per cell, expiring three windows after
-//! the first write.
+//! that needs no Redis. Same contract as Redis: counts per cell expiring three windows after
+//! the first write, atomic decisions (under one lock), and the processes seen per key.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use strata_core::WindowKey;
+use strata_core::{Counts, LimitCheck, WindowCounts, WindowKey, decide_all};
 
-use super::{CellIncrement, CellRead};
+use super::{CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, Peers};
 
 #[derive(Debug, Clone, Copy)]
 struct Count {
@@ -15,10 +15,55 @@ struct Count {
     expires_at: u64,
 }
 
-/// Counts per `(window key, sequence)`.
+#[derive(Debug, Default)]
+struct State {
+    cells: HashMap<(WindowKey, u64), Count>,
+    peers: HashMap<WindowKey, Peers>,
+    active: Peers,
+}
+
+/// Counts per `(window key, sequence)`, and who was seen on each key.
 #[derive(Debug, Default)]
 pub struct MemoryOrigin {
-    cells: Mutex<HashMap<(WindowKey, u64), Count>>,
+    state: Mutex<State>,
+}
+
+impl State {
+    fn count(&self, key: &WindowKey, sequence: u64, now_ms: u64) -> u64 {
+        self.cells
+            .get(&(key.clone(), sequence))
+            .filter(|c| now_ms < c.expires_at)
+            .map_or(0, |c| c.value)
+    }
+
+    fn add(&mut self, key: &WindowKey, sequence: u64, cost: u64, now_ms: u64) -> u64 {
+        let ttl = key.duration().as_ms().saturating_mul(3);
+        let fresh = Count {
+            value: 0,
+            expires_at: now_ms.saturating_add(ttl),
+        };
+        let entry = self.cells.entry((key.clone(), sequence)).or_insert(fresh);
+        if now_ms >= entry.expires_at {
+            *entry = fresh;
+        }
+        entry.value = entry.value.saturating_add(cost);
+        entry.value
+    }
+
+    fn seen(&mut self, key: &WindowKey, instance: Option<&str>, now_ms: u64) -> u32 {
+        let Some(instance) = instance else {
+            return self.peers.get(key).map_or(1, |p| p.count(now_ms));
+        };
+        self.active.see(instance, now_ms);
+        let prior = self.active.count(now_ms);
+        self.peers
+            .entry(key.clone())
+            .or_default()
+            .see(instance, now_ms);
+        let on_key = self.peers.get(key).map_or(1, |p| p.count(now_ms));
+        // A key only the caller has touched may be about to be hit by every active process.
+        if on_key <= 1 { prior } else { on_key }
+    }
 }
 
 impl MemoryOrigin {
@@ -27,59 +72,110 @@ impl MemoryOrigin {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(WindowKey, u64), Count>> {
-        // A panic while holding this lock cannot leave a count half-written (every update is
-        // one assignment), so a poisoned lock is still consistent.
-        self.cells.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update is a handful of assignments that leave the maps consistent, so a lock
+        // poisoned by a panicking holder is still safe to use.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Vec<u64> {
-        let map = self.lock();
+        let state = self.lock();
         cells
             .iter()
-            .map(|(key, sequence)| {
-                map.get(&(key.to_owned_key(), *sequence))
-                    .filter(|c| now_ms < c.expires_at)
-                    .map_or(0, |c| c.value)
-            })
+            .map(|(key, sequence)| state.count(&key.to_owned_key(), *sequence, now_ms))
             .collect()
     }
 
-    pub(crate) fn replay(&self, cells: &[CellIncrement<'_>], now_ms: u64) -> Vec<u64> {
-        let mut map = self.lock();
+    pub(crate) fn replay(
+        &self,
+        instance: Option<&str>,
+        cells: &[CellIncrement<'_>],
+        now_ms: u64,
+    ) -> Vec<(u64, u32)> {
+        let mut state = self.lock();
         cells
             .iter()
             .map(|c| {
-                let ttl = c.key.duration().as_ms().saturating_mul(3);
-                let entry = map
-                    .entry((c.key.to_owned_key(), c.sequence))
-                    .or_insert(Count {
-                        value: 0,
-                        expires_at: now_ms.saturating_add(ttl),
-                    });
-                if now_ms >= entry.expires_at {
-                    *entry = Count {
-                        value: 0,
-                        expires_at: now_ms.saturating_add(ttl),
-                    };
-                }
-                entry.value = entry.value.saturating_add(c.cost);
-                entry.value
+                let key = c.key.to_owned_key();
+                let count = state.add(&key, c.sequence, c.cost, now_ms);
+                (count, state.seen(&key, instance, now_ms))
             })
             .collect()
     }
 
-    /// Drops expired cells; returns how many.
+    pub(crate) fn decide(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+    ) -> DecideAnswer {
+        let mut state = self.lock();
+        let keys: Vec<WindowKey> = limits.iter().map(|l| l.key.to_owned_key()).collect();
+        let checks: Vec<LimitCheck> = limits
+            .iter()
+            .zip(&keys)
+            .map(|(l, key)| {
+                let sequence = l.key.duration().sequence(now_ms);
+                let current = state.count(key, sequence, now_ms);
+                let previous = state.count(key, sequence.saturating_sub(1), now_ms);
+                LimitCheck {
+                    counts: WindowCounts {
+                        current: Counts {
+                            regional: current.saturating_add(l.unseen),
+                            global: 0,
+                        },
+                        previous: Counts {
+                            regional: previous,
+                            global: 0,
+                        },
+                    },
+                    duration: l.key.duration(),
+                    limit: l.limit,
+                    cost: l.cost,
+                }
+            })
+            .collect();
+        let multi = decide_all(&checks, now_ms, |i, j| keys.get(i) == keys.get(j));
+        if multi.success {
+            for (l, key) in limits.iter().zip(&keys) {
+                state.add(key, l.key.duration().sequence(now_ms), l.cost, now_ms);
+            }
+        }
+        let outcomes = limits
+            .iter()
+            .zip(&keys)
+            .zip(&multi.decisions)
+            .map(|((l, key), decision)| {
+                let sequence = l.key.duration().sequence(now_ms);
+                DecideOutcome {
+                    decision: *decision,
+                    sequence,
+                    current: state.count(key, sequence, now_ms),
+                    previous: state.count(key, sequence.saturating_sub(1), now_ms),
+                    peers: state.seen(key, Some(instance), now_ms),
+                }
+            })
+            .collect();
+        DecideAnswer {
+            success: multi.success,
+            limits: outcomes,
+        }
+    }
+
+    /// Drops expired cells and forgotten peers; returns how many cells.
     pub fn purge_expired(&self, now_ms: u64) -> usize {
-        let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, c| now_ms < c.expires_at);
-        before - map.len()
+        let mut state = self.lock();
+        let before = state.cells.len();
+        state.cells.retain(|_, c| now_ms < c.expires_at);
+        state
+            .peers
+            .retain(|_, p| p.count(now_ms) > 0 && !p.is_empty(now_ms));
+        before - state.cells.len()
     }
 
     /// Cells held.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().cells.len()
     }
 
     /// Whether no cell is held.

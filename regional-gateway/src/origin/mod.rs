@@ -43,6 +43,91 @@ impl OriginError {
 /// One cell to read: a window key and a sequence.
 pub type CellRead<'a> = (WindowKeyRef<'a>, u64);
 
+/// How long a process counts as a peer on a key after its last call (a few replay intervals).
+pub const PEER_WINDOW_MS: u64 = 1_000;
+/// Most distinct peers tracked per key.
+pub const MAX_PEERS: usize = 64;
+
+/// The processes recently seen on a key: a small bounded list with expiry.
+#[derive(Debug, Default, Clone)]
+pub struct Peers {
+    seen: Vec<(String, u64)>,
+}
+
+impl Peers {
+    /// Records `instance` at `now_ms`, dropping the expired and, past `MAX_PEERS`, the oldest.
+    pub fn see(&mut self, instance: &str, now_ms: u64) {
+        self.seen
+            .retain(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS);
+        match self.seen.iter_mut().find(|(id, _)| id == instance) {
+            Some(entry) => entry.1 = entry.1.max(now_ms),
+            None => {
+                if self.seen.len() >= MAX_PEERS {
+                    self.seen.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+                    self.seen.truncate(MAX_PEERS - 1);
+                }
+                self.seen.push((instance.to_string(), now_ms));
+            }
+        }
+    }
+
+    /// Distinct processes seen within the window (at least 1: the asker).
+    pub fn count(&self, now_ms: u64) -> u32 {
+        let n = self
+            .seen
+            .iter()
+            .filter(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// Whether nobody was seen within the window.
+    pub fn is_empty(&self, now_ms: u64) -> bool {
+        !self
+            .seen
+            .iter()
+            .any(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS)
+    }
+}
+
+/// One limit of an origin decision.
+#[derive(Clone, Copy, Debug)]
+pub struct DecideLimit<'a> {
+    /// The window key.
+    pub key: WindowKeyRef<'a>,
+    /// Allowed cost per window.
+    pub limit: u64,
+    /// The request's cost.
+    pub cost: u64,
+    /// Cost the origin has not been told of but must count as used: the caller's own
+    /// unreplayed passes and its reserve (the band) for other processes' unreplayed passes.
+    pub unseen: u64,
+}
+
+/// The origin's verdict on one limit.
+#[derive(Clone, Copy, Debug)]
+pub struct DecideOutcome {
+    /// This limit's own verdict (counted only if the whole request passed).
+    pub decision: strata_core::Decision,
+    /// The current sequence on the gateway's clock.
+    pub sequence: u64,
+    /// The current cell's regional count after the decision.
+    pub current: u64,
+    /// The previous cell's regional count.
+    pub previous: u64,
+    /// Distinct processes recently seen on the key.
+    pub peers: u32,
+}
+
+/// The origin's answer to a decision request.
+#[derive(Clone, Debug)]
+pub struct DecideAnswer {
+    /// Whether every limit passed and all were counted.
+    pub success: bool,
+    /// One outcome per limit, in request order.
+    pub limits: Vec<DecideOutcome>,
+}
+
 /// Accepted cost to add to one cell (events of a cell already summed).
 #[derive(Clone, Copy, Debug)]
 pub struct CellIncrement<'a> {
@@ -72,15 +157,29 @@ impl Origin {
         }
     }
 
-    /// Adds each increment and returns each cell's count after it, in order.
+    /// Adds each increment and returns each cell's count after it and the peers on its key.
     async fn replay(
         &self,
+        instance: Option<&str>,
         cells: &[CellIncrement<'_>],
         now_ms: u64,
-    ) -> Result<Vec<u64>, OriginError> {
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
         match self {
-            Origin::Memory(m) => Ok(m.replay(cells, now_ms)),
-            Origin::Redis(r) => r.replay(cells).await,
+            Origin::Memory(m) => Ok(m.replay(instance, cells, now_ms)),
+            Origin::Redis(r) => r.replay(instance, cells, now_ms).await,
+        }
+    }
+
+    /// Decides the limits atomically at the origin (all or nothing) and counts on a pass.
+    async fn decide(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+    ) -> Result<DecideAnswer, OriginError> {
+        match self {
+            Origin::Memory(m) => Ok(m.decide(instance, limits, now_ms)),
+            Origin::Redis(r) => r.decide(instance, limits, now_ms).await,
         }
     }
 
@@ -138,10 +237,32 @@ impl OriginClient {
     /// See [`Origin::replay`].
     pub async fn replay(
         &self,
+        instance: Option<&str>,
         cells: &[CellIncrement<'_>],
         now_ms: u64,
-    ) -> Result<Vec<u64>, OriginError> {
-        self.call("replay", self.origin.replay(cells, now_ms)).await
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
+        self.call("replay", self.origin.replay(instance, cells, now_ms))
+            .await
+    }
+
+    /// See [`Origin::decide`].
+    pub async fn decide(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+    ) -> Result<DecideAnswer, OriginError> {
+        self.call("decide", self.origin.decide(instance, limits, now_ms))
+            .await
+    }
+
+    /// Announces this process to the region (Redis) and refreshes the live-process count.
+    pub async fn presence(&self, instance: &str, now_ms: u64) {
+        if let Origin::Redis(r) = &self.origin {
+            if let Err(e) = r.presence(instance, now_ms).await {
+                tracing::debug!(error = %e, "presence update failed");
+            }
+        }
     }
 
     /// Drops expired cells held in process memory (the embedded origin); Redis expires its own.

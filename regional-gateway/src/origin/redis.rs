@@ -8,12 +8,67 @@
 //! cell); a read batch is one `MGET`. Keys expire three windows after their first write.
 
 use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use strata_core::WindowKeyRef;
+use strata_core::{Counts, LimitCheck, WindowCounts, WindowKeyRef};
 
-use super::{CellIncrement, CellRead, OriginError};
+use super::{
+    CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, MAX_PEERS, OriginError,
+    PEER_WINDOW_MS,
+};
+
+/// Region-wide set of live processes (gateways and the edges calling them), for the peers
+/// prior of keys new at the origin. Outside any hash tag: touched only by the presence loop.
+const INSTANCES_KEY: &str = "strata:instances";
+
+/// The origin decision for one window key, atomic in Redis: reads both cells, applies the
+/// sliding-window formula in exact integer arithmetic (doubles are exact below 2^53; the
+/// product of a count and a duration is split so no intermediate exceeds that), increments on
+/// a pass, and records the caller among the key's peers.
+/// KEYS: current cell, previous cell, peers. ARGV: limit, cost, duration, now, unseen,
+/// instance, peer window, max peers, prior, dry (1: never increment).
+const DECIDE_LUA: &str = r#"
+local function divmod(a, d)
+  local q = math.floor(a / d)
+  local r = a - q * d
+  while r < 0 do q = q - 1; r = r + d end
+  while r >= d do q = q + 1; r = r - d end
+  return q, r
+end
+-- floor(p * l / d) for p < 2^53 and l <= d < 2^32, with every product below 2^53
+local function muldiv(p, l, d)
+  local q, r = divmod(p, d)
+  local l1 = math.floor(l / 65536)
+  local l0 = l - l1 * 65536
+  local qa, ra = divmod(r * l1, d)
+  local qb = divmod(ra * 65536 + r * l0, d)
+  return q * l + qa * 65536 + qb
+end
+local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local unseen = tonumber(ARGV[5])
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+local seq = math.floor(now / d)
+local elapsed = now - seq * d
+local used = cur + unseen + muldiv(prev, d - elapsed, d)
+local ok = 0
+if limit > 0 and used + cost <= limit then ok = 1 end
+if ok == 1 and cost > 0 and ARGV[10] ~= '1' then
+  redis.call('INCRBY', KEYS[1], cost)
+  redis.call('PEXPIRE', KEYS[1], d * 3, 'NX')
+end
+local window, maxp = tonumber(ARGV[7]), tonumber(ARGV[8])
+redis.call('ZADD', KEYS[3], now, ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
+redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(maxp + 1))
+redis.call('PEXPIRE', KEYS[3], window * 2)
+local peers = redis.call('ZCARD', KEYS[3])
+if peers <= 1 then peers = math.max(peers, tonumber(ARGV[9])) end
+return {ok, cur, prev, peers}
+"#;
 
 /// Version prefix of every key, so a future encoding can live beside this one.
 const PREFIX: &str = "strata:";
@@ -50,10 +105,21 @@ fn backend(e: redis::RedisError) -> OriginError {
     }
 }
 
+/// The Redis key of a window key's peer set (same hash tag as its cells).
+pub fn peers_key(key: WindowKeyRef<'_>) -> String {
+    let mut k = cell_key(key, 0);
+    k.truncate(k.len() - 1); // drop the sequence "0", keep the trailing ':'
+    k.push('p');
+    k
+}
+
 /// A connection-managed Redis origin (reconnects on its own after failures).
 #[derive(Clone)]
 pub struct RedisOrigin {
     conn: ConnectionManager,
+    decide: redis::Script,
+    /// Live processes in the region, from the presence loop (the peers prior of new keys).
+    prior: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for RedisOrigin {
@@ -74,7 +140,149 @@ impl RedisOrigin {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            decide: redis::Script::new(DECIDE_LUA),
+            prior: Arc::new(AtomicU32::new(1)),
+        })
+    }
+
+    /// Announces `instance` as live and refreshes the region's live-process count.
+    pub async fn presence(&self, instance: &str, now_ms: u64) -> Result<u32, OriginError> {
+        let mut conn = self.conn.clone();
+        let (_, _, live): (i64, i64, u32) = redis::pipe()
+            .cmd("ZADD")
+            .arg(INSTANCES_KEY)
+            .arg(now_ms)
+            .arg(instance)
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(INSTANCES_KEY)
+            .arg("-inf")
+            .arg(now_ms.saturating_sub(3 * PEER_WINDOW_MS))
+            .cmd("ZCARD")
+            .arg(INSTANCES_KEY)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        self.prior.store(live.max(1), Ordering::Relaxed);
+        Ok(live)
+    }
+
+    /// Decides limit by limit (each window key is one script call, in its own slot); if a
+    /// later limit denies, the increments of the earlier ones are taken back. Should taking
+    /// back fail, the counts stay too high: later requests are denied early, never admitted
+    /// beyond the limit.
+    pub(crate) async fn decide(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+    ) -> Result<DecideAnswer, OriginError> {
+        let mut conn = self.conn.clone();
+        let prior = self.prior.load(Ordering::Relaxed);
+        let mut outcomes = Vec::with_capacity(limits.len());
+        let mut failed = false;
+        for l in limits {
+            let d = l.key.duration();
+            let sequence = d.sequence(now_ms);
+            let (ok, cur, prev, peers): (u8, u64, u64, u32) = self
+                .decide
+                .key(cell_key(l.key, sequence))
+                .key(cell_key(l.key, sequence.saturating_sub(1)))
+                .key(peers_key(l.key))
+                .arg(l.limit)
+                .arg(l.cost)
+                .arg(d.as_ms())
+                .arg(now_ms)
+                .arg(l.unseen)
+                .arg(instance)
+                .arg(PEER_WINDOW_MS)
+                .arg(MAX_PEERS)
+                .arg(prior)
+                .arg(u8::from(failed))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let check = LimitCheck {
+                counts: WindowCounts {
+                    current: Counts {
+                        regional: cur.saturating_add(l.unseen),
+                        global: 0,
+                    },
+                    previous: Counts {
+                        regional: prev,
+                        global: 0,
+                    },
+                },
+                duration: d,
+                limit: l.limit,
+                cost: l.cost,
+            };
+            let decision = check.decide(now_ms, 0);
+            if decision.success != (ok == 1) {
+                tracing::error!(
+                    limit = l.limit,
+                    cost = l.cost,
+                    "decide script and core disagree; the script's verdict stands"
+                );
+            }
+            let counted = ok == 1 && !failed;
+            failed |= ok == 0;
+            outcomes.push(DecideOutcome {
+                decision: strata_core::Decision {
+                    success: ok == 1,
+                    ..decision
+                },
+                sequence,
+                current: if counted {
+                    cur.saturating_add(l.cost)
+                } else {
+                    cur
+                },
+                previous: prev,
+                peers,
+            });
+        }
+        if failed {
+            self.roll_back(limits, &mut outcomes, now_ms).await;
+        }
+        Ok(DecideAnswer {
+            success: !failed,
+            limits: outcomes,
+        })
+    }
+
+    /// Takes back the increments of the limits counted before one denied.
+    async fn roll_back(
+        &self,
+        limits: &[DecideLimit<'_>],
+        outcomes: &mut [DecideOutcome],
+        now_ms: u64,
+    ) {
+        let mut pipe = redis::pipe();
+        let mut taken = 0;
+        for (l, o) in limits.iter().zip(outcomes.iter_mut()) {
+            // Counted ones are the passes before the first denial (later ones ran dry).
+            if !o.decision.success {
+                break;
+            }
+            if l.cost > 0 {
+                pipe.cmd("DECRBY")
+                    .arg(cell_key(l.key, l.key.duration().sequence(now_ms)))
+                    .arg(l.cost)
+                    .ignore();
+                o.current = o.current.saturating_sub(l.cost);
+                taken += 1;
+            }
+            o.decision = o.decision.uncounted(l.cost);
+        }
+        if taken == 0 {
+            return;
+        }
+        let mut conn = self.conn.clone();
+        if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+            tracing::error!(error = %e, cells = taken, "multi-limit rollback failed: those cells stay over-counted until they expire");
+        }
     }
 
     pub(crate) async fn read(&self, cells: &[CellRead<'_>]) -> Result<Vec<u64>, OriginError> {
@@ -93,8 +301,10 @@ impl RedisOrigin {
 
     pub(crate) async fn replay(
         &self,
+        instance: Option<&str>,
         cells: &[CellIncrement<'_>],
-    ) -> Result<Vec<u64>, OriginError> {
+        now_ms: u64,
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
@@ -102,22 +312,44 @@ impl RedisOrigin {
         for c in cells {
             let key = cell_key(c.key, c.sequence);
             let ttl_ms = c.key.duration().as_ms().saturating_mul(3);
-            pipe.cmd("MULTI")
-                .ignore()
-                .cmd("INCRBY")
-                .arg(&key)
-                .arg(c.cost)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&key)
-                .arg(ttl_ms)
-                .arg("NX")
-                .ignore()
-                .cmd("EXEC");
+            let peers = peers_key(c.key);
+            pipe.cmd("MULTI").ignore();
+            pipe.cmd("INCRBY").arg(&key).arg(c.cost).ignore();
+            pipe.cmd("PEXPIRE").arg(&key).arg(ttl_ms).arg("NX").ignore();
+            if let Some(instance) = instance {
+                pipe.cmd("ZADD")
+                    .arg(&peers)
+                    .arg(now_ms)
+                    .arg(instance)
+                    .ignore();
+                pipe.cmd("ZREMRANGEBYSCORE")
+                    .arg(&peers)
+                    .arg("-inf")
+                    .arg(now_ms.saturating_sub(PEER_WINDOW_MS))
+                    .ignore();
+                pipe.cmd("PEXPIRE")
+                    .arg(&peers)
+                    .arg(2 * PEER_WINDOW_MS)
+                    .ignore();
+            }
+            pipe.cmd("ZCARD").arg(&peers).ignore();
+            pipe.cmd("EXEC");
         }
         let mut conn = self.conn.clone();
-        let results: Vec<(u64, i64)> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        Ok(results.into_iter().map(|(count, _)| count).collect())
+        let results: Vec<Vec<redis::Value>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let prior = self.prior.load(Ordering::Relaxed);
+        let int = |v: Option<&redis::Value>| match v {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        };
+        Ok(results
+            .into_iter()
+            .map(|replies| {
+                let count = int(replies.first());
+                let peers = u32::try_from(int(replies.last())).unwrap_or(u32::MAX);
+                (count, if peers <= 1 { peers.max(prior) } else { peers })
+            })
+            .collect())
     }
 
     pub(crate) async fn ping(&self) -> Result<(), OriginError> {

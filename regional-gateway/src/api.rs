@@ -176,9 +176,13 @@ async fn origin_read(
     let regional = gw
         .limiter
         .origin
-        .read(&reads, gw.limiter.clock.now_ms())
+        .read(req.instance.as_deref(), &reads, gw.limiter.clock.now_ms())
         .await?;
-    Ok(Json(counts(regional)))
+    let mut response = counts(regional.iter().map(|r| r.0));
+    if req.instance.is_some() {
+        response.peers = Some(regional.iter().map(|r| r.1).collect());
+    }
+    Ok(Json(response))
 }
 
 async fn origin_replay(

@@ -20,7 +20,8 @@ use crate::metrics::{Metrics, Source};
 use crate::origin::{CellIncrement, DecideLimit, DecideOutcome, OriginClient, OriginError};
 use crate::replay::ReplayQueue;
 
-type ReadResult = Result<[u64; 2], OriginError>;
+/// Both cells' regional counts and the peers on the key.
+type ReadResult = Result<([u64; 2], u32), OriginError>;
 type InflightMap = Mutex<HashMap<(WindowKey, u64), Arc<OnceCell<ReadResult>>>>;
 
 /// Local tables, origin and replay queue, and the decision flow over them.
@@ -166,7 +167,7 @@ impl Limiter {
         let unseen = self
             .replay
             .pending(&key.to_owned_key(), plan.sequence)
-            .saturating_add(plan.band);
+            .saturating_add(plan.reserve());
         let request = [DecideLimit {
             key,
             limit: limit.limit,
@@ -306,7 +307,7 @@ impl Limiter {
                 let band = plans
                     .iter()
                     .find(|(j, _)| *j == i)
-                    .map_or(0, |(_, p)| p.band);
+                    .map_or(0, |(_, p)| p.reserve());
                 DecideLimit {
                     key: l.key,
                     limit: l.limit,
@@ -404,18 +405,20 @@ impl Limiter {
         let cells = [(key, sequence), (key, sequence.saturating_sub(1))];
         let result = cell
             .get_or_init(|| async {
-                let counts = self.origin.read(&cells, self.clock.now_ms()).await?;
-                Ok([
-                    counts.first().copied().unwrap_or(0),
-                    counts.get(1).copied().unwrap_or(0),
-                ])
+                let read = self
+                    .origin
+                    .read(Some(&self.instance), &cells, self.clock.now_ms())
+                    .await?;
+                let at = |i: usize| read.get(i).copied().unwrap_or((0, 1));
+                Ok(([at(0).0, at(1).0], at(0).1))
             })
             .await
             .clone();
         let now = self.clock.now_ms();
         let mut table = self.local.lock(key);
         match result {
-            Ok(counts) => {
+            Ok((counts, peers)) => {
+                table.observe_peers(key, peers, now);
                 for ((_, seq), regional) in cells.iter().zip(counts) {
                     table.apply_origin(
                         key,
@@ -444,12 +447,17 @@ impl Limiter {
             .iter()
             .flat_map(|&(key, seq)| [(key, seq), (key, seq.saturating_sub(1))])
             .collect();
-        let result = self.origin.read(&cells, self.clock.now_ms()).await;
+        let result = self
+            .origin
+            .read(Some(&self.instance), &cells, self.clock.now_ms())
+            .await;
         let now = self.clock.now_ms();
         match result {
             Ok(counts) => {
-                for (&(key, seq), regional) in cells.iter().zip(counts) {
-                    self.local.lock(key).apply_origin(
+                for (&(key, seq), (regional, peers)) in cells.iter().zip(counts) {
+                    let mut table = self.local.lock(key);
+                    table.observe_peers(key, peers, now);
+                    table.apply_origin(
                         key,
                         seq,
                         Counts {

@@ -61,14 +61,39 @@ impl BandState {
         self.bucket_cost[0] = self.bucket_cost[0].saturating_add(cost);
     }
 
-    /// Own cost admitted over the last one to two replay intervals.
-    pub fn own_recent(&self, now_ms: u64, interval_ms: u64) -> u64 {
+    /// Own cost admitted over the last replay interval, in cost x ms: this interval's bucket
+    /// in full, plus the part of the previous one still inside the sliding interval.
+    fn own_recent_scaled(&self, now_ms: u64, interval_ms: u64) -> u128 {
+        let interval = interval_ms.max(1);
+        let bucket = now_ms / interval;
+        let into = now_ms % interval;
+        let (current, previous) = match bucket.saturating_sub(self.bucket) {
+            0 => (self.bucket_cost[0], self.bucket_cost[1]),
+            1 => (0, self.bucket_cost[0]),
+            _ => (0, 0),
+        };
+        u128::from(current) * u128::from(interval)
+            + u128::from(previous) * u128::from(interval - into)
+    }
+
+    /// What an origin decision must count as used beyond what the origin holds: the other
+    /// peers' local passes not yet replayed, each assumed to pass at our local rate. A peer
+    /// replays every interval, so what it holds back can be up to two intervals old when our
+    /// own local passes have already stopped: this counts our last one to two intervals.
+    pub fn reserve(&self, now_ms: u64, interval_ms: u64) -> u64 {
         let bucket = now_ms / interval_ms.max(1);
-        match bucket.saturating_sub(self.bucket) {
+        let own = match bucket.saturating_sub(self.bucket) {
             0 => self.bucket_cost[0].saturating_add(self.bucket_cost[1]),
             1 => self.bucket_cost[0],
             _ => 0,
-        }
+        };
+        own.saturating_mul(u64::from(self.peers().saturating_sub(1)))
+    }
+
+    /// Own cost admitted over the last replay interval, rounded up.
+    pub fn own_recent(&self, now_ms: u64, interval_ms: u64) -> u64 {
+        let scaled = self.own_recent_scaled(now_ms, interval_ms);
+        u64::try_from(scaled.div_ceil(u128::from(interval_ms.max(1)))).unwrap_or(u64::MAX)
     }
 
     /// Own cost of the current cell now counted by the origin (a replay delivered it, or the
@@ -105,10 +130,29 @@ impl BandState {
 
     /// The band at `now_ms` for `limit`: never negative, never above the limit.
     pub fn band(&self, limit: u64, now_ms: u64, interval_ms: u64) -> u64 {
-        let peer_band = self
-            .own_recent(now_ms, interval_ms)
-            .saturating_mul(u64::from(self.peers().saturating_sub(1)));
-        self.others_per_interval.max(peer_band).min(limit)
+        self.rate_band(now_ms, interval_ms)
+            .max(self.peer_band(now_ms, interval_ms))
+            .min(limit)
+    }
+
+    /// `rate_band`: the others' rate times what we cannot have seen of it: everything since
+    /// our last origin answer, plus one replay interval they may still be holding back; at
+    /// most two intervals (a key we keep passing locally gets a replay answer every interval).
+    pub fn rate_band(&self, now_ms: u64, interval_ms: u64) -> u64 {
+        let interval = u128::from(interval_ms.max(1));
+        let since = u128::from(now_ms.saturating_sub(self.answered_at)).min(interval);
+        let unseen_for = since + interval;
+        let scaled = u128::from(self.others_per_interval) * unseen_for;
+        u64::try_from(scaled.div_ceil(interval)).unwrap_or(u64::MAX)
+    }
+
+    /// `peer_band`: our own local passes over the last replay interval times the other peers,
+    /// each assumed to pass locally at our rate, none of it replayed yet.
+    pub fn peer_band(&self, now_ms: u64, interval_ms: u64) -> u64 {
+        // Scale before rounding: four peers at 0.4 each are 2, not 4 x ceil(0.4) = 4.
+        let others = u128::from(self.peers().saturating_sub(1));
+        let scaled = self.own_recent_scaled(now_ms, interval_ms) * others;
+        u64::try_from(scaled.div_ceil(u128::from(interval_ms.max(1)))).unwrap_or(u64::MAX)
     }
 }
 
@@ -136,13 +180,14 @@ mod tests {
         b.observe(0, Some(5), 1_000, I);
         b.record_own(3, 1_010, I);
         b.record_own(4, 1_120, I);
-        // Own cost over the last two intervals: 7; four other peers at our rate: 28.
-        assert_eq!(b.band(1_000, 1_150, I), 28);
+        // At 1,150: 4 in this interval, and half of the previous interval's 3 still inside
+        // the sliding 100 ms: own 5.5; four other peers at our rate: 22.
+        assert_eq!(b.band(1_000, 1_150, I), 22);
         assert_eq!(b.band(10, 1_150, I), 10, "capped at the limit");
         assert_eq!(
             b.band(1_000, 1_250, I),
-            16,
-            "the older interval has aged out"
+            8,
+            "half of the 4 left: 2, times four peers"
         );
         assert_eq!(b.band(1_000, 1_400, I), 0);
     }

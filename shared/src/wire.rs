@@ -208,6 +208,9 @@ pub struct CellRequest {
 /// `POST /v1/origin/read` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadRequest {
+    /// The reading process's random id (optional): counted among the keys' peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// Cells to read.
     pub cells: Vec<CellRequest>,
 }
@@ -217,8 +220,8 @@ pub struct ReadRequest {
 pub struct CellsResponse {
     /// One entry per requested cell or event.
     pub cells: Vec<Counts>,
-    /// For a replay that named its `instance`: the distinct processes recently seen on each
-    /// event's key, in request order (the band's peer count).
+    /// For a read or replay that named its `instance`: the distinct processes recently seen
+    /// on each entry's key, in request order (the band's peer count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<Vec<u32>>,
 }
@@ -482,6 +485,9 @@ impl DecideRequest {
 impl ReadRequest {
     /// Validates every cell (0 ..= `MAX_BATCH`).
     pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<CellRef<'a>>, WireError> {
+        if let Some(instance) = &self.instance {
+            validate_instance(instance)?;
+        }
         batch("cells", &self.cells, 0, MAX_BATCH)?;
         self.cells
             .iter()

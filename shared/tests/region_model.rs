@@ -181,7 +181,7 @@ fn run(
             }
             Step::Origin(plan) => {
                 let pending = p.pending.get(&d.sequence(now)).copied().unwrap_or(0);
-                let answer = origin.decide(pid, d, limit, 1, now, pending + plan.band);
+                let answer = origin.decide(pid, d, limit, 1, now, pending + plan.reserve());
                 p.table.apply_decided(key, 1, &answer, now).success
             }
         };

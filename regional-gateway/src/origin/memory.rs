@@ -7,7 +7,9 @@ use std::sync::Mutex;
 
 use strata_core::{Counts, LimitCheck, WindowCounts, WindowKey, decide_all};
 
-use super::{CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, Peers};
+use super::{
+    CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, Peers, peers_with_prior,
+};
 
 #[derive(Debug, Clone, Copy)]
 struct Count {
@@ -56,13 +58,9 @@ impl State {
         };
         self.active.see(instance, now_ms);
         let prior = self.active.count(now_ms);
-        self.peers
-            .entry(key.clone())
-            .or_default()
-            .see(instance, now_ms);
-        let on_key = self.peers.get(key).map_or(1, |p| p.count(now_ms));
-        // A key only the caller has touched may be about to be hit by every active process.
-        if on_key <= 1 { prior } else { on_key }
+        let peers = self.peers.entry(key.clone()).or_default();
+        peers.see(instance, now_ms);
+        peers_with_prior(peers.count(now_ms), peers.young(now_ms), prior)
     }
 }
 
@@ -78,11 +76,22 @@ impl MemoryOrigin {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Vec<u64> {
-        let state = self.lock();
+    pub(crate) fn read(
+        &self,
+        instance: Option<&str>,
+        cells: &[CellRead<'_>],
+        now_ms: u64,
+    ) -> Vec<(u64, u32)> {
+        let mut state = self.lock();
         cells
             .iter()
-            .map(|(key, sequence)| state.count(&key.to_owned_key(), *sequence, now_ms))
+            .map(|(key, sequence)| {
+                let key = key.to_owned_key();
+                (
+                    state.count(&key, *sequence, now_ms),
+                    state.seen(&key, instance, now_ms),
+                )
+            })
             .collect()
     }
 

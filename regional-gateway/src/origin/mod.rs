@@ -48,15 +48,31 @@ pub const PEER_WINDOW_MS: u64 = 1_000;
 /// Most distinct peers tracked per key.
 pub const MAX_PEERS: usize = 64;
 
-/// The processes recently seen on a key: a small bounded list with expiry.
+/// The processes recently seen on a key: a small bounded list with expiry, and since when the
+/// key has been active (a key active for less than a peer window has not been seen by every
+/// process that is about to hit it, so its count is raised to the region's live processes).
 #[derive(Debug, Default, Clone)]
 pub struct Peers {
     seen: Vec<(String, u64)>,
+    born: u64,
+}
+
+/// The peers to report: the key's own count, or while the key is young (active for less than
+/// a peer window) at least the region's live processes, any of which may be about to hit it.
+pub fn peers_with_prior(on_key: u32, young: bool, prior: u32) -> u32 {
+    if young {
+        on_key.max(prior).max(1)
+    } else {
+        on_key.max(1)
+    }
 }
 
 impl Peers {
     /// Records `instance` at `now_ms`, dropping the expired and, past `MAX_PEERS`, the oldest.
     pub fn see(&mut self, instance: &str, now_ms: u64) {
+        if self.is_empty(now_ms) {
+            self.born = now_ms;
+        }
         self.seen
             .retain(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS);
         match self.seen.iter_mut().find(|(id, _)| id == instance) {
@@ -79,6 +95,11 @@ impl Peers {
             .filter(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS)
             .count();
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// Whether the key became active less than a peer window ago.
+    pub fn young(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.born) < PEER_WINDOW_MS
     }
 
     /// Whether nobody was seen within the window.
@@ -149,11 +170,17 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// Regional counts of `cells`, in order (0 for a cell never written or expired).
-    async fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Result<Vec<u64>, OriginError> {
+    /// Regional counts of `cells` (0 for a cell never written or expired) and the peers on
+    /// each one's key, in order; a reader naming its instance counts as a peer.
+    async fn read(
+        &self,
+        instance: Option<&str>,
+        cells: &[CellRead<'_>],
+        now_ms: u64,
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
         match self {
-            Origin::Memory(m) => Ok(m.read(cells, now_ms)),
-            Origin::Redis(r) => r.read(cells).await,
+            Origin::Memory(m) => Ok(m.read(instance, cells, now_ms)),
+            Origin::Redis(r) => r.read(instance, cells, now_ms).await,
         }
     }
 
@@ -230,8 +257,14 @@ impl OriginClient {
     }
 
     /// See [`Origin::read`].
-    pub async fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Result<Vec<u64>, OriginError> {
-        self.call("read", self.origin.read(cells, now_ms)).await
+    pub async fn read(
+        &self,
+        instance: Option<&str>,
+        cells: &[CellRead<'_>],
+        now_ms: u64,
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
+        self.call("read", self.origin.read(instance, cells, now_ms))
+            .await
     }
 
     /// See [`Origin::replay`].

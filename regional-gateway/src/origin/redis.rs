@@ -60,14 +60,18 @@ if ok == 1 and cost > 0 and ARGV[10] ~= '1' then
   redis.call('INCRBY', KEYS[1], cost)
   redis.call('PEXPIRE', KEYS[1], d * 3, 'NX')
 end
+-- Peers: members scored by last call; '~born' (negative score) marks when the key became
+-- active, and survives the trimming of members older than the window.
 local window, maxp = tonumber(ARGV[7]), tonumber(ARGV[8])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], 0, now - window)
+redis.call('ZADD', KEYS[3], 'NX', -now, '~born')
 redis.call('ZADD', KEYS[3], now, ARGV[6])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
-redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(maxp + 1))
+redis.call('ZREMRANGEBYRANK', KEYS[3], 1, -(maxp + 2))
 redis.call('PEXPIRE', KEYS[3], window * 2)
-local peers = redis.call('ZCARD', KEYS[3])
-if peers <= 1 then peers = math.max(peers, tonumber(ARGV[9])) end
-return {ok, cur, prev, peers}
+local peers = redis.call('ZCARD', KEYS[3]) - 1
+local born = -tonumber(redis.call('ZSCORE', KEYS[3], '~born'))
+if now - born < window then peers = math.max(peers, tonumber(ARGV[9])) end
+return {ok, cur, prev, math.max(peers, 1)}
 "#;
 
 /// Version prefix of every key, so a future encoding can live beside this one.
@@ -103,6 +107,77 @@ fn backend(e: redis::RedisError) -> OriginError {
     } else {
         OriginError::Backend(format!("redis: {e}"))
     }
+}
+
+fn int(v: Option<&redis::Value>) -> u64 {
+    match v {
+        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Queues the peer-set update of one key: trim members older than the window, mark when the
+/// key became active (`~born`, negative score, kept by the trim), add `instance` if given; then
+/// `ZCARD` and `ZSCORE ~born`, the two replies [`peers_from`] reads.
+fn touch_peers(
+    pipe: &mut redis::Pipeline,
+    peers: &str,
+    instance: Option<&str>,
+    now_ms: u64,
+    in_transaction: bool,
+) {
+    if let Some(instance) = instance {
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(peers)
+            .arg(0)
+            .arg(now_ms.saturating_sub(PEER_WINDOW_MS))
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg(peers)
+            .arg("NX")
+            .arg(-i128::from(now_ms))
+            .arg("~born")
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg(peers)
+            .arg(now_ms)
+            .arg(instance)
+            .ignore();
+        pipe.cmd("PEXPIRE")
+            .arg(peers)
+            .arg(2 * PEER_WINDOW_MS)
+            .ignore();
+    }
+    pipe.cmd("ZCARD").arg(peers);
+    if in_transaction {
+        pipe.ignore(); // inside MULTI its reply is QUEUED; the value arrives with EXEC
+    }
+    pipe.cmd("ZSCORE").arg(peers).arg("~born");
+    if in_transaction {
+        pipe.ignore();
+    }
+}
+
+/// Peers from `ZCARD` (which counts `~born`) and `ZSCORE ~born`, with the region prior while
+/// the key is young.
+fn peers_from(
+    card: Option<&redis::Value>,
+    born: Option<&redis::Value>,
+    now_ms: u64,
+    prior: u32,
+) -> u32 {
+    let on_key = u32::try_from(int(card).saturating_sub(1)).unwrap_or(u32::MAX);
+    let born = match born {
+        Some(redis::Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok()),
+        Some(redis::Value::Double(d)) => Some(*d),
+        _ => None,
+    };
+    // A score is -(time the key became active), exact in a double for any real clock.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let young = born.is_some_and(|b| now_ms.saturating_sub((-b) as u64) < PEER_WINDOW_MS);
+    super::peers_with_prior(on_key, young, prior)
 }
 
 /// The Redis key of a window key's peer set (same hash tag as its cells).
@@ -226,12 +301,20 @@ impl RedisOrigin {
                     "decide script and core disagree; the script's verdict stands"
                 );
             }
-            let counted = ok == 1 && !failed;
+            let dry = failed;
+            let counted = ok == 1 && !dry;
             failed |= ok == 0;
+            // A limit after the first denial only ran dry: like every other limit of a denied
+            // request, it reports what it would have left without this request's cost.
+            let decision = strata_core::Decision {
+                success: ok == 1,
+                ..decision
+            };
             outcomes.push(DecideOutcome {
-                decision: strata_core::Decision {
-                    success: ok == 1,
-                    ..decision
+                decision: if dry {
+                    decision.uncounted(l.cost)
+                } else {
+                    decision
                 },
                 sequence,
                 current: if counted {
@@ -285,18 +368,43 @@ impl RedisOrigin {
         }
     }
 
-    pub(crate) async fn read(&self, cells: &[CellRead<'_>]) -> Result<Vec<u64>, OriginError> {
+    pub(crate) async fn read(
+        &self,
+        instance: Option<&str>,
+        cells: &[CellRead<'_>],
+        now_ms: u64,
+    ) -> Result<Vec<(u64, u32)>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
         let keys: Vec<String> = cells.iter().map(|(k, s)| cell_key(*k, *s)).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET").arg(&keys);
+        for (key, _) in cells {
+            touch_peers(&mut pipe, &peers_key(*key), instance, now_ms, false);
+        }
         let mut conn = self.conn.clone();
-        let values: Vec<Option<u64>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
+        let mut replies: Vec<redis::Value> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let first = if replies.is_empty() {
+            redis::Value::Nil
+        } else {
+            replies.remove(0)
+        };
+        let values: Vec<Option<u64>> = redis::from_redis_value(first)
+            .map_err(|e| OriginError::Backend(format!("redis: {e}")))?;
+        let prior = self.prior.load(Ordering::Relaxed);
+        // Each cell's commands end with ZCARD and ZSCORE (the others are ignored).
+        let mut tail = replies.chunks(2);
+        Ok(values
+            .into_iter()
+            .map(|v| {
+                let pair = tail.next().unwrap_or_default();
+                (
+                    v.unwrap_or(0),
+                    peers_from(pair.first(), pair.get(1), now_ms, prior),
+                )
+            })
+            .collect())
     }
 
     pub(crate) async fn replay(
@@ -316,38 +424,24 @@ impl RedisOrigin {
             pipe.cmd("MULTI").ignore();
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).ignore();
             pipe.cmd("PEXPIRE").arg(&key).arg(ttl_ms).arg("NX").ignore();
-            if let Some(instance) = instance {
-                pipe.cmd("ZADD")
-                    .arg(&peers)
-                    .arg(now_ms)
-                    .arg(instance)
-                    .ignore();
-                pipe.cmd("ZREMRANGEBYSCORE")
-                    .arg(&peers)
-                    .arg("-inf")
-                    .arg(now_ms.saturating_sub(PEER_WINDOW_MS))
-                    .ignore();
-                pipe.cmd("PEXPIRE")
-                    .arg(&peers)
-                    .arg(2 * PEER_WINDOW_MS)
-                    .ignore();
-            }
-            pipe.cmd("ZCARD").arg(&peers).ignore();
+            touch_peers(&mut pipe, &peers, instance, now_ms, true);
             pipe.cmd("EXEC");
         }
         let mut conn = self.conn.clone();
         let results: Vec<Vec<redis::Value>> = pipe.query_async(&mut conn).await.map_err(backend)?;
         let prior = self.prior.load(Ordering::Relaxed);
-        let int = |v: Option<&redis::Value>| match v {
-            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-            _ => 0,
-        };
         Ok(results
             .into_iter()
             .map(|replies| {
                 let count = int(replies.first());
-                let peers = u32::try_from(int(replies.last())).unwrap_or(u32::MAX);
-                (count, if peers <= 1 { peers.max(prior) } else { peers })
+                let n = replies.len();
+                let peers = peers_from(
+                    replies.get(n.wrapping_sub(2)),
+                    replies.last(),
+                    now_ms,
+                    prior,
+                );
+                (count, peers)
             })
             .collect())
     }

@@ -34,6 +34,7 @@ macro_rules! on_every_origin {
 }
 
 on_every_origin! {
+    origin_decide_is_atomic_all_or_nothing_and_counts_unseen(&[]),
     ratelimit_counts_then_denies_with_headers(&[]),
     cost_defaults_to_one_and_cost_zero_only_checks(&[]),
     multi_is_all_or_nothing(&[]),
@@ -294,4 +295,74 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     );
     assert!(m.text.contains("strata_replay_queue_cells 1"));
     assert!(m.text.contains("strata_origin_up 1"));
+}
+
+async fn origin_decide_is_atomic_all_or_nothing_and_counts_unseen(g: TestGateway) {
+    let limit = |id: &str, limit: u64, cost: u64| json!({"namespace":"api","identifier":id,"limit":limit,"duration":60_000,"cost":cost});
+    let decide = |limits: Vec<serde_json::Value>| json!({"instance":"edge-7f3a","limits":limits});
+    let r = g
+        .post("/v1/origin/decide", None, decide(vec![limit("d", 3, 2)]))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["success"], true);
+    assert_eq!(r.body["sequence"], T0 / 60_000);
+    let first = &r.body["results"][0];
+    assert_eq!(first["success"], true);
+    assert_eq!(first["remaining"], 1);
+    assert_eq!(first["current"]["regional"], 2, "counted at the origin");
+    assert_eq!(first["previous"]["regional"], 0);
+    assert!(first["peers"].as_u64().unwrap() >= 1);
+
+    // Denied: nothing counted.
+    let r = g
+        .post("/v1/origin/decide", None, decide(vec![limit("d", 3, 2)]))
+        .await;
+    assert_eq!(r.body["success"], false);
+    assert_eq!(r.body["results"][0]["success"], false);
+    assert_eq!(r.body["results"][0]["current"]["regional"], 2);
+
+    // All or nothing: the second limit denies, so the first is not counted either.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide(vec![limit("e", 10, 1), limit("d", 3, 2)]),
+        )
+        .await;
+    assert_eq!(r.body["success"], false);
+    assert_eq!(r.body["results"][0]["success"], true);
+    assert_eq!(
+        r.body["results"][0]["current"]["regional"], 0,
+        "rolled back"
+    );
+    assert_eq!(r.body["results"][0]["remaining"], 10);
+
+    // `unseen` counts as used: 2 held + 1 unseen + 1 > 3.
+    let mut with_unseen = limit("d", 3, 1);
+    with_unseen["unseen"] = json!(1);
+    let r = g
+        .post("/v1/origin/decide", None, decide(vec![with_unseen]))
+        .await;
+    assert_eq!(r.body["success"], false);
+    let r = g
+        .post("/v1/origin/decide", None, decide(vec![limit("d", 3, 1)]))
+        .await;
+    assert_eq!(r.body["success"], true, "without it, the last unit fits");
+
+    // Validation like every other endpoint.
+    let bad = json!({"instance":"not ok","limits":[limit("d", 3, 1)]});
+    assert_eq!(
+        g.post("/v1/origin/decide", None, bad).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let many = decide(vec![limit("d", 3, 1); MAX_MULTI_LIMITS + 1]);
+    assert_eq!(
+        g.post("/v1/origin/decide", None, many).await.status,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    let none = decide(vec![]);
+    assert_eq!(
+        g.post("/v1/origin/decide", None, none).await.status,
+        StatusCode::BAD_REQUEST
+    );
 }

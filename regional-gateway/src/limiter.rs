@@ -148,6 +148,8 @@ impl Limiter {
         mut plan: OriginPlan,
     ) -> (Decision, Source, bool) {
         let key = limit.key;
+        // One origin timeout for the whole request, however many calls it takes.
+        let deadline = std::time::Instant::now() + self.origin.timeout();
         if matches!(plan.reason, Reason::Cold | Reason::Stale) {
             self.metrics.origin_reason(plan.reason, plan.band);
             if self.refresh(key, plan.sequence).await == Source::Fallback {
@@ -174,9 +176,10 @@ impl Limiter {
             cost: limit.cost,
             unseen,
         }];
+        let budget = deadline.saturating_duration_since(std::time::Instant::now());
         match self
             .origin
-            .decide(&self.instance, &request, self.clock.now_ms())
+            .decide_within(&self.instance, &request, self.clock.now_ms(), budget)
             .await
         {
             Ok(answer) => match answer.limits.first() {

@@ -285,8 +285,30 @@ impl OriginClient {
         limits: &[DecideLimit<'_>],
         now_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
-        self.call("decide", self.origin.decide(instance, limits, now_ms))
+        self.decide_within(instance, limits, now_ms, self.timeout)
             .await
+    }
+
+    /// [`decide`](Self::decide) bounded by what is left of a request's budget (a request that
+    /// already waited for a read must not wait a full timeout again).
+    pub async fn decide_within(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+        budget: Duration,
+    ) -> Result<DecideAnswer, OriginError> {
+        self.call_within(
+            "decide",
+            budget.min(self.timeout),
+            self.origin.decide(instance, limits, now_ms),
+        )
+        .await
+    }
+
+    /// The origin timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Announces this process to the region (Redis) and refreshes the live-process count.
@@ -319,15 +341,24 @@ impl OriginClient {
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, OriginError>>,
     ) -> Result<T, OriginError> {
+        self.call_within(op, self.timeout, fut).await
+    }
+
+    async fn call_within<T>(
+        &self,
+        op: &'static str,
+        timeout: Duration,
+        fut: impl std::future::Future<Output = Result<T, OriginError>>,
+    ) -> Result<T, OriginError> {
         let started = Instant::now();
         if !self.breaker.allow(started) {
             self.metrics
                 .origin_call(op, Err("circuit_open"), started.elapsed());
             return Err(OriginError::CircuitOpen);
         }
-        let result = match tokio::time::timeout(self.timeout, fut).await {
+        let result = match tokio::time::timeout(timeout, fut).await {
             Ok(result) => result,
-            Err(_) => Err(OriginError::Timeout(self.timeout)),
+            Err(_) => Err(OriginError::Timeout(timeout)),
         };
         self.breaker.record(result.is_ok(), Instant::now());
         self.metrics.origin_call(

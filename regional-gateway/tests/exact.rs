@@ -264,6 +264,19 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     region.origin_up = true;
+    // The restarted Redis lost the decide script: the call by hash falls back to loading it.
+    let limiter = &region.gateways[0].gateway.limiter;
+    let probe = [DecideLimit {
+        key: key(d),
+        limit: 1_000_000,
+        cost: 0,
+        unseen: 0,
+    }];
+    let answer = limiter
+        .origin
+        .decide(&limiter.instance, &probe, region.now)
+        .await;
+    assert!(answer.is_ok(), "decide after a restart: {answer:?}");
     let at_origin: u64 = region
         .gateways
         .iter()

@@ -70,6 +70,25 @@ ensure_redis() {
   echo "redis: $(redis-server --version | cut -d' ' -f3)"
 }
 
+ensure_mariadb() {
+  if ! command -v mariadbd >/dev/null 2>&1 && ! [ -x /usr/sbin/mariadbd ]; then
+    echo "installing mariadb-server"
+    apt_install mariadb-server mariadb-client || return 1
+  fi
+  # Tests create (and drop) databases of their own on this server, as root without a password.
+  if ! mysqladmin -uroot -h127.0.0.1 --connect-timeout=2 ping >/dev/null 2>&1; then
+    echo "starting MariaDB on 127.0.0.1:3306"
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql || return 1
+    for _ in $(seq 1 60); do
+      mysqladmin -uroot -h127.0.0.1 --connect-timeout=2 ping >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+    mysqladmin -uroot -h127.0.0.1 --connect-timeout=2 ping >/dev/null 2>&1 || { echo "MariaDB did not start" >&2; return 1; }
+  fi
+  echo "mariadb: $(mysqladmin -uroot -h127.0.0.1 version 2>/dev/null | awk '/Server version/ {print $3}')"
+}
+
 no_std_builds() {
   # Default features off is the no_std build; the Wasm targets are what the edge shells use.
   for target in "${WASM_TARGETS[@]}"; do
@@ -79,6 +98,7 @@ no_std_builds() {
 
 step "install missing tools (Rust targets, components)" install_toolchain_parts
 step "install and start services (Redis)" ensure_redis
+step "install and start services (MariaDB)" ensure_mariadb
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (unit, reference cases, properties, accuracy sweep)" \

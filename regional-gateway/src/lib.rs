@@ -22,6 +22,7 @@ pub mod breaker;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod global;
 pub mod limiter;
 pub mod local;
 pub mod metrics;

@@ -1,0 +1,347 @@
+//! The global table in SQL: MySQL in production (tested on MariaDB), SQLite when embedded.
+//! Schema migrations, the flush upsert (`GREATEST`), the sync query (own and foreign sums per
+//! live cell) and batched cleanup, one statement shape per dialect.
+
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::{MySql, QueryBuilder, Row, Sqlite};
+use std::str::FromStr;
+use std::time::Duration;
+use strata_core::gcounter::FlushRow;
+use strata_core::{Region, WindowDuration, WindowKey};
+
+/// The newest schema this binary knows.
+pub const SCHEMA_VERSION: i64 = 1;
+const MYSQL: [&str; 1] = [include_str!(
+    "../../../migrations/mysql/0001_window_counts.sql"
+)];
+const SQLITE: [&str; 1] = [include_str!(
+    "../../../migrations/sqlite/0001_window_counts.sql"
+)];
+/// Rows per upsert statement: 9 placeholders each, far under MySQL's 65,535 and SQLite's
+/// 32,766 placeholders per statement.
+pub const FLUSH_CHUNK_ROWS: usize = 1_000;
+
+/// A database failure, or a schema this binary cannot use.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The URL is not `mysql://` or `sqlite://`, or the connection failed.
+    #[error("cannot connect to the database: {0}")]
+    Connect(String),
+    /// The database is at a newer schema than this binary.
+    #[error(
+        "the database schema is version {found}, newer than this binary's {supported}: upgrade strata-gateway"
+    )]
+    Newer {
+        /// Version found.
+        found: i64,
+        /// Newest version this binary knows.
+        supported: i64,
+    },
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Query(String),
+}
+
+fn query(e: sqlx::Error) -> StoreError {
+    StoreError::Query(e.to_string())
+}
+
+/// One row of a sync: a live cell's own-region and foreign sums.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncRow {
+    /// The window key.
+    pub key: WindowKey,
+    /// The cell's sequence.
+    pub sequence: u64,
+    /// This region's component.
+    pub own: u64,
+    /// The sum of the other regions' components.
+    pub foreign: u64,
+}
+
+/// A connection pool to the global table.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// MySQL or MariaDB.
+    MySql(MySqlPool),
+    /// SQLite (the embedded default).
+    Sqlite(SqlitePool),
+}
+
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Store {
+    /// Connects (lazily: the gateway starts even if the database is down) to `mysql://…` or
+    /// `sqlite://…` (the SQLite file is created if missing).
+    pub fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        if url.starts_with("mysql://") {
+            let pool = MySqlPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(timeout)
+                .connect_lazy(url)
+                .map_err(|e| StoreError::Connect(e.to_string()))?;
+            Ok(Store::MySql(pool))
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::Connect(e.to_string()))?
+                .create_if_missing(true)
+                .busy_timeout(timeout);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(timeout)
+                .connect_lazy_with(options);
+            Ok(Store::Sqlite(pool))
+        } else {
+            Err(StoreError::Connect(
+                "the URL must start with mysql:// or sqlite://".into(),
+            ))
+        }
+    }
+
+    /// `mysql` or `sqlite`.
+    pub fn dialect(&self) -> &'static str {
+        match self {
+            Store::MySql(_) => "mysql",
+            Store::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// Brings the schema to this binary's version; refuses a newer one. Returns how many
+    /// migrations it applied.
+    pub async fn migrate(&self) -> Result<usize, StoreError> {
+        let create = "CREATE TABLE IF NOT EXISTS strata_schema_version (version BIGINT NOT NULL)";
+        let current: i64 = match self {
+            Store::MySql(p) => {
+                sqlx::raw_sql(create).execute(p).await.map_err(query)?;
+                sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM strata_schema_version",
+                )
+                .fetch_one(p)
+                .await
+                .map_err(query)?
+            }
+            Store::Sqlite(p) => {
+                sqlx::raw_sql(create).execute(p).await.map_err(query)?;
+                sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM strata_schema_version")
+                    .fetch_one(p)
+                    .await
+                    .map_err(query)?
+            }
+        };
+        if current > SCHEMA_VERSION {
+            return Err(StoreError::Newer {
+                found: current,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        let scripts: &[&str] = match self {
+            Store::MySql(_) => &MYSQL,
+            Store::Sqlite(_) => &SQLITE,
+        };
+        let mut applied = 0;
+        for (i, sql) in scripts.iter().enumerate() {
+            let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+            if version <= current {
+                continue;
+            }
+            let record = "INSERT INTO strata_schema_version (version) VALUES (?)";
+            match self {
+                Store::MySql(p) => {
+                    sqlx::raw_sql(sql).execute(p).await.map_err(query)?;
+                    sqlx::query(record)
+                        .bind(version)
+                        .execute(p)
+                        .await
+                        .map_err(query)?;
+                }
+                Store::Sqlite(p) => {
+                    sqlx::raw_sql(sql).execute(p).await.map_err(query)?;
+                    sqlx::query(record)
+                        .bind(version)
+                        .execute(p)
+                        .await
+                        .map_err(query)?;
+                }
+            }
+            applied += 1;
+        }
+        Ok(applied)
+    }
+
+    /// Writes this region's components (`count = GREATEST(count, new)`), in the rows' order
+    /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks. Returns
+    /// the rows written.
+    pub async fn flush(
+        &self,
+        region: &Region,
+        rows: &[FlushRow],
+        now_ms: u64,
+    ) -> Result<u64, StoreError> {
+        let mut written = 0;
+        for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
+            let head = "INSERT INTO ratelimit_window_counts \
+                (workspace_id, namespace, identifier, duration_ms, sequence, region, count, expires_at, updated_at) ";
+            match self {
+                Store::MySql(p) => {
+                    let mut q = QueryBuilder::<MySql>::new(head);
+                    q.push_values(chunk, |mut b, r| {
+                        let k = r.key.as_ref();
+                        b.push_bind(k.workspace())
+                            .push_bind(k.namespace())
+                            .push_bind(k.identifier())
+                            .push_bind(k.duration().as_ms())
+                            .push_bind(signed(r.sequence))
+                            .push_bind(region.as_str())
+                            .push_bind(r.count)
+                            .push_bind(r.expires_at)
+                            .push_bind(now_ms);
+                    });
+                    q.push(" ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), updated_at = VALUES(updated_at)");
+                    q.build().execute(p).await.map_err(query)?;
+                }
+                Store::Sqlite(p) => {
+                    let mut q = QueryBuilder::<Sqlite>::new(head);
+                    q.push_values(chunk, |mut b, r| {
+                        let k = r.key.as_ref();
+                        b.push_bind(k.workspace())
+                            .push_bind(k.namespace())
+                            .push_bind(k.identifier())
+                            .push_bind(signed(k.duration().as_ms()))
+                            .push_bind(signed(r.sequence))
+                            .push_bind(region.as_str())
+                            .push_bind(signed(r.count))
+                            .push_bind(signed(r.expires_at))
+                            .push_bind(signed(now_ms));
+                    });
+                    q.push(
+                        " ON CONFLICT (workspace_id, namespace, identifier, duration_ms, sequence, region) \
+                         DO UPDATE SET count = MAX(count, excluded.count), updated_at = excluded.updated_at",
+                    );
+                    q.build().execute(p).await.map_err(query)?;
+                }
+            }
+            written += chunk.len() as u64;
+        }
+        Ok(written)
+    }
+
+    /// One query: for every live cell, this region's component and the others' sum.
+    pub async fn sync(&self, region: &Region, now_ms: u64) -> Result<Vec<SyncRow>, StoreError> {
+        let sql = |cast: &str| {
+            format!(
+                "SELECT workspace_id, namespace, identifier, duration_ms, sequence, \
+                 CAST(SUM(CASE WHEN region = ? THEN count ELSE 0 END) AS {cast}) AS own, \
+                 CAST(SUM(CASE WHEN region <> ? THEN count ELSE 0 END) AS {cast}) AS foreign_sum \
+                 FROM ratelimit_window_counts WHERE expires_at > ? \
+                 GROUP BY workspace_id, namespace, identifier, duration_ms, sequence"
+            )
+        };
+        let rows: Vec<(String, String, String, i64, i64, i64, i64)> = match self {
+            Store::MySql(p) => sqlx::query(&sql("SIGNED"))
+                .bind(region.as_str())
+                .bind(region.as_str())
+                .bind(now_ms)
+                .fetch_all(p)
+                .await
+                .map_err(query)?
+                .iter()
+                .map(|r| {
+                    // utf8mb4_bin columns arrive as binary strings.
+                    let text = |i: usize| -> Result<String, sqlx::Error> {
+                        let bytes: Vec<u8> = r.try_get(i)?;
+                        String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+                    };
+                    Ok((
+                        text(0)?,
+                        text(1)?,
+                        text(2)?,
+                        r.try_get::<u64, _>(3).map(signed)?,
+                        r.try_get(4)?,
+                        r.try_get(5)?,
+                        r.try_get(6)?,
+                    ))
+                })
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(query)?,
+            Store::Sqlite(p) => sqlx::query(&sql("INTEGER"))
+                .bind(region.as_str())
+                .bind(region.as_str())
+                .bind(signed(now_ms))
+                .fetch_all(p)
+                .await
+                .map_err(query)?
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get(0)?,
+                        r.try_get(1)?,
+                        r.try_get(2)?,
+                        r.try_get(3)?,
+                        r.try_get(4)?,
+                        r.try_get(5)?,
+                        r.try_get(6)?,
+                    ))
+                })
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(query)?,
+        };
+        Ok(rows
+            .into_iter()
+            .filter_map(|(ws, ns, id, duration, sequence, own, foreign)| {
+                let d = WindowDuration::from_ms(unsigned(duration)).ok()?;
+                let key = WindowKey::new(&ws, &ns, &id, d).ok()?;
+                Some(SyncRow {
+                    key,
+                    sequence: unsigned(sequence),
+                    own: unsigned(own),
+                    foreign: unsigned(foreign),
+                })
+            })
+            .collect())
+    }
+
+    /// Deletes rows whose cells expired at `now_ms`, at most `batch` per statement and
+    /// `max_batches` statements. Safe with several gateways at once (each delete is its own
+    /// statement on whatever is still there). Returns the rows deleted.
+    pub async fn cleanup(
+        &self,
+        now_ms: u64,
+        batch: u32,
+        max_batches: u32,
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for _ in 0..max_batches {
+            let n = match self {
+                Store::MySql(p) => sqlx::query("DELETE FROM ratelimit_window_counts WHERE expires_at <= ? ORDER BY expires_at LIMIT ?")
+                    .bind(now_ms)
+                    .bind(batch)
+                    .execute(p)
+                    .await
+                    .map_err(query)?
+                    .rows_affected(),
+                Store::Sqlite(p) => sqlx::query(
+                    "DELETE FROM ratelimit_window_counts WHERE pk IN \
+                     (SELECT pk FROM ratelimit_window_counts WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)",
+                )
+                .bind(signed(now_ms))
+                .bind(i64::from(batch))
+                .execute(p)
+                .await
+                .map_err(query)?
+                .rows_affected(),
+            };
+            deleted += n;
+            if n < u64::from(batch) {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+}

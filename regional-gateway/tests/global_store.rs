@@ -1,0 +1,249 @@
+//! The global table on both dialects, one test body each: SQLite (a temp file) and MariaDB (the
+//! shared server, a database of this run's own, dropped afterwards).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)] // test code: a panic is the failure report
+
+use std::time::Duration;
+
+use strata_core::gcounter::{FlushRow, sort_flush_rows};
+use strata_core::{Region, WindowDuration, WindowKey};
+use strata_gateway::global::{Store, StoreError};
+
+const MARIADB: &str = "mysql://root@127.0.0.1:3306";
+const NOW: u64 = 1_700_000_000_000;
+
+/// A store on a fresh database, and what to drop afterwards.
+struct Fresh {
+    store: Store,
+    drop_db: Option<String>,
+}
+
+impl Fresh {
+    async fn sqlite() -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "strata-global-{}-{}.db",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let store = Store::connect(
+            &format!("sqlite://{}", path.display()),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        Self {
+            store,
+            drop_db: None,
+        }
+    }
+
+    async fn mariadb() -> Self {
+        let name = format!("strata_test_{}_{}", std::process::id(), rand_suffix());
+        let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap_or_else(|e| {
+            panic!("MariaDB is not reachable at {MARIADB} ({e}); ./scripts/test.sh starts it")
+        });
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let store = Store::connect(&format!("{MARIADB}/{name}"), Duration::from_secs(5)).unwrap();
+        Self {
+            store,
+            drop_db: Some(name),
+        }
+    }
+
+    async fn done(self) {
+        if let Some(name) = self.drop_db {
+            let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap();
+            sqlx::query(&format!("DROP DATABASE {name}"))
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    u64::from(t) * 1_000 + N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn row(id: &str, count: u64) -> FlushRow {
+    let d = WindowDuration::from_ms(60_000).unwrap();
+    let sequence = d.sequence(NOW);
+    FlushRow {
+        key: WindowKey::new("ws", "api", id, d).unwrap(),
+        sequence,
+        count,
+        expires_at: d.expires_at(sequence),
+    }
+}
+
+macro_rules! on_both_dialects {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test]
+            async fn sqlite() {
+                let f = super::Fresh::sqlite().await;
+                super::$case(&f.store).await;
+                f.done().await;
+            }
+            #[tokio::test]
+            async fn mariadb() {
+                let f = super::Fresh::mariadb().await;
+                super::$case(&f.store).await;
+                f.done().await;
+            }
+        }
+    )*};
+}
+
+on_both_dialects!(
+    migrations_apply_once_and_a_newer_schema_refuses,
+    regions_see_each_others_components_as_foreign_sums,
+    greatest_keeps_the_larger_count,
+    concurrent_flushers_of_one_region_converge_without_deadlock,
+    cleanup_removes_only_expired_rows,
+    keys_differing_in_case_are_distinct_rows,
+    large_flushes_go_in_chunks,
+);
+
+async fn migrations_apply_once_and_a_newer_schema_refuses(store: &Store) {
+    assert_eq!(store.migrate().await.unwrap(), 1);
+    assert_eq!(store.migrate().await.unwrap(), 0, "idempotent");
+    let bump = "INSERT INTO strata_schema_version (version) VALUES (99)";
+    match store {
+        Store::MySql(p) => sqlx::query(bump).execute(p).await.map(|_| ()).unwrap(),
+        Store::Sqlite(p) => sqlx::query(bump).execute(p).await.map(|_| ()).unwrap(),
+    }
+    let err = store.migrate().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Newer {
+                found: 99,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("upgrade strata-gateway"));
+}
+
+async fn regions_see_each_others_components_as_foreign_sums(store: &Store) {
+    store.migrate().await.unwrap();
+    let (eu, us, ap) = (
+        Region::new("eu").unwrap(),
+        Region::new("us").unwrap(),
+        Region::new("ap").unwrap(),
+    );
+    store
+        .flush(&eu, &[row("a", 30), row("b", 5)], NOW)
+        .await
+        .unwrap();
+    store.flush(&us, &[row("a", 12)], NOW).await.unwrap();
+    let mut seen_by_ap = store.sync(&ap, NOW).await.unwrap();
+    seen_by_ap.sort_by(|x, y| x.key.cmp(&y.key));
+    assert_eq!(seen_by_ap.len(), 2);
+    assert_eq!((seen_by_ap[0].own, seen_by_ap[0].foreign), (0, 42));
+    let seen_by_eu = store.sync(&eu, NOW).await.unwrap();
+    let a = seen_by_eu
+        .iter()
+        .find(|r| r.key.as_ref().identifier() == "a")
+        .unwrap();
+    assert_eq!((a.own, a.foreign), (30, 12), "own and foreign kept apart");
+    // Expired cells are not synced.
+    let later = WindowDuration::from_ms(60_000)
+        .unwrap()
+        .expires_at(row("a", 0).sequence);
+    assert!(store.sync(&eu, later).await.unwrap().is_empty());
+}
+
+async fn greatest_keeps_the_larger_count(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    let other = Region::new("other").unwrap();
+    for count in [10, 5, 12, 11] {
+        store.flush(&eu, &[row("g", count)], NOW).await.unwrap();
+    }
+    assert_eq!(store.sync(&other, NOW).await.unwrap()[0].foreign, 12);
+}
+
+async fn concurrent_flushers_of_one_region_converge_without_deadlock(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    let mut a: Vec<FlushRow> = (0..300).map(|i| row(&format!("k{i}"), i)).collect();
+    let mut b: Vec<FlushRow> = (0..300).map(|i| row(&format!("k{i}"), 300 - i)).collect();
+    sort_flush_rows(&mut a);
+    sort_flush_rows(&mut b);
+    let (ra, rb) = tokio::join!(store.flush(&eu, &a, NOW), store.flush(&eu, &b, NOW));
+    assert_eq!((ra.unwrap(), rb.unwrap()), (300, 300));
+    let rows = store.sync(&eu, NOW).await.unwrap();
+    assert_eq!(rows.len(), 300);
+    for r in rows {
+        let i: u64 = r.key.as_ref().identifier()[1..].parse().unwrap();
+        assert_eq!(
+            r.own,
+            i.max(300 - i),
+            "GREATEST kept the larger of the two writers"
+        );
+    }
+}
+
+async fn cleanup_removes_only_expired_rows(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    let live = row("live", 1);
+    let mut old = row("old", 1);
+    old.sequence -= 5;
+    old.expires_at = old.key.duration().expires_at(old.sequence);
+    let old_rows: Vec<FlushRow> = (0..25)
+        .map(|i| FlushRow {
+            key: WindowKey::new("ws", "old", &format!("o{i}"), old.key.duration()).unwrap(),
+            ..old.clone()
+        })
+        .collect();
+    store.flush(&eu, &old_rows, NOW).await.unwrap();
+    store
+        .flush(&eu, std::slice::from_ref(&live), NOW)
+        .await
+        .unwrap();
+    // Batches of 10, at most 2: 20 deleted now, the other 5 on the next run.
+    assert_eq!(store.cleanup(NOW, 10, 2).await.unwrap(), 20);
+    assert_eq!(store.cleanup(NOW, 10, 2).await.unwrap(), 5);
+    assert_eq!(store.cleanup(NOW, 10, 2).await.unwrap(), 0);
+    let left = store.sync(&Region::new("x").unwrap(), 0).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].key, live.key);
+}
+
+async fn keys_differing_in_case_are_distinct_rows(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    store
+        .flush(&eu, &[row("Key", 7), row("key", 3), row("kéy", 1)], NOW)
+        .await
+        .unwrap();
+    assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 3);
+}
+
+async fn large_flushes_go_in_chunks(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    let mut rows: Vec<FlushRow> = (0..2_500)
+        .map(|i| row(&format!("c{i:05}"), 1 + i % 7))
+        .collect();
+    sort_flush_rows(&mut rows);
+    assert_eq!(store.flush(&eu, &rows, NOW).await.unwrap(), 2_500);
+    assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 2_500);
+}

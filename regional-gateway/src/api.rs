@@ -152,19 +152,6 @@ async fn ratelimit_multi(
     Ok((headers, Json(body)).into_response())
 }
 
-fn counts(regional: impl IntoIterator<Item = u64>) -> CellsResponse {
-    CellsResponse {
-        peers: None,
-        cells: regional
-            .into_iter()
-            .map(|regional| Counts {
-                regional,
-                global: 0,
-            })
-            .collect(),
-    }
-}
-
 async fn origin_read(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
@@ -173,16 +160,29 @@ async fn origin_read(
     let workspace = gw.auth.workspace(&headers)?;
     let cells = req.validate(workspace)?;
     let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
-    let regional = gw
+    let now = gw.limiter.clock.now_ms();
+    let answers = gw
         .limiter
         .origin
-        .read(req.instance.as_deref(), &reads, gw.limiter.clock.now_ms())
+        .read(req.instance.as_deref(), &reads, now)
         .await?;
-    let mut response = counts(regional.iter().map(|r| r.0));
-    if req.instance.is_some() {
-        response.peers = Some(regional.iter().map(|r| r.1).collect());
-    }
-    Ok(Json(response))
+    let global = &gw.limiter.global;
+    let counts = cells
+        .iter()
+        .zip(&answers)
+        .map(|(c, &(regional, _))| {
+            global.observe(c.key, c.sequence, regional, None, now);
+            global.counts(c.key, c.sequence, regional)
+        })
+        .collect();
+    let peers = req
+        .instance
+        .as_ref()
+        .map(|_| answers.iter().map(|a| a.1).collect());
+    Ok(Json(CellsResponse {
+        cells: counts,
+        peers,
+    }))
 }
 
 async fn origin_replay(
@@ -220,11 +220,21 @@ async fn origin_replay(
         )
         .await?;
     let at = |s: usize| after.get(s).copied().unwrap_or((0, 1));
-    let mut response = counts(slot_of.iter().map(|&s| at(s).0));
-    if req.instance.is_some() {
-        response.peers = Some(slot_of.iter().map(|&s| at(s).1).collect());
+    let now = gw.limiter.clock.now_ms();
+    let global = &gw.limiter.global;
+    for (e, &slot) in events.iter().zip(&slot_of) {
+        global.observe(e.cell.key, e.cell.sequence, at(slot).0, Some(e.limit), now);
     }
-    Ok(Json(response))
+    let cells = events
+        .iter()
+        .zip(&slot_of)
+        .map(|(e, &slot)| global.counts(e.cell.key, e.cell.sequence, at(slot).0))
+        .collect();
+    let peers = req
+        .instance
+        .as_ref()
+        .map(|_| slot_of.iter().map(|&s| at(s).1).collect());
+    Ok(Json(CellsResponse { cells, peers }))
 }
 
 async fn origin_decide(
@@ -236,11 +246,15 @@ async fn origin_decide(
     let limits = req.validate(workspace)?;
     let request: Vec<DecideLimit<'_>> = limits
         .iter()
-        .map(|l| DecideLimit {
-            key: l.limit.key,
-            limit: l.limit.limit,
-            cost: l.limit.cost,
-            unseen: l.unseen,
+        .map(|l| {
+            let sequence = l.limit.key.duration().sequence(gw.limiter.clock.now_ms());
+            DecideLimit {
+                key: l.limit.key,
+                limit: l.limit.limit,
+                cost: l.limit.cost,
+                unseen: l.unseen,
+                global: gw.limiter.imported_global(l.limit.key, sequence),
+            }
         })
         .collect();
     let answer = gw
@@ -294,13 +308,14 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let (local_windows, local_evictions) = gw.limiter.local.stats();
-    let text = gw.limiter.metrics.render(Gauges {
+    let mut text = gw.limiter.metrics.render(Gauges {
         replay_queue_cells: gw.limiter.replay.len(),
         local_windows,
         local_evictions,
         breaker_open: gw.limiter.origin.breaker_open(),
         origin_up: gw.origin_up(),
     });
+    text.push_str(&gw.limiter.global.render());
     (
         [(
             CONTENT_TYPE,

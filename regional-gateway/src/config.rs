@@ -80,6 +80,44 @@ pub struct Cli {
     /// Send near-limit passes to the origin (`off` measures the design without it) [default: on].
     #[arg(long, env = "STRATA_BAND", value_name = "on|off")]
     pub band: Option<String>,
+    /// Global table: mysql://user@host/db, or sqlite://path [default: sqlite://<data-dir>/global.db].
+    #[arg(
+        long,
+        env = "STRATA_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+    /// Where the embedded default keeps its files [default: ./strata-data].
+    #[arg(long, env = "STRATA_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Pause between flushes of this region's counts to the global table [default: 5s]. Region-wide.
+    #[arg(long, env = "STRATA_FLUSH_INTERVAL", value_name = "DURATION")]
+    pub flush_interval: Option<String>,
+    /// Pause between syncs of the other regions' counts [default: 5s]. Region-wide.
+    #[arg(long, env = "STRATA_SYNC_INTERVAL", value_name = "DURATION")]
+    pub sync_interval: Option<String>,
+    /// Random share of an interval added to each flush and sync, 0 to 1 [default: 0.2]. Region-wide.
+    #[arg(long, env = "STRATA_SYNC_JITTER", value_name = "FRACTION")]
+    pub sync_jitter: Option<f64>,
+    /// Share of the limit a cell must reach before it is published, 0 to 1 [default: 0.2]. Region-wide.
+    #[arg(long, env = "STRATA_PUBLISH_FLOOR", value_name = "FRACTION")]
+    pub publish_floor: Option<f64>,
+    /// Pause between deletions of expired global rows [default: 60s].
+    #[arg(long, env = "STRATA_CLEANUP_INTERVAL", value_name = "DURATION")]
+    pub cleanup_interval: Option<String>,
+    /// What to do: serve (the default), or a one-off task.
+    #[command(subcommand)]
+    pub task: Option<Task>,
+}
+
+/// One-off tasks, for an external scheduler or a deploy step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Subcommand)]
+pub enum Task {
+    /// Apply the global table's migrations and exit.
+    Migrate,
+    /// Delete expired rows of the global table and exit.
+    Cleanup,
 }
 
 /// The optional TOML file: the same settings, kebab-case; unknown keys are an error.
@@ -98,6 +136,13 @@ struct FileConfig {
     replay_queue: Option<usize>,
     table_capacity: Option<usize>,
     band: Option<String>,
+    database_url: Option<String>,
+    data_dir: Option<PathBuf>,
+    flush_interval: Option<String>,
+    sync_interval: Option<String>,
+    sync_jitter: Option<f64>,
+    publish_floor: Option<f64>,
+    cleanup_interval: Option<String>,
 }
 
 /// A setting that stops start-up.
@@ -149,6 +194,20 @@ pub struct Settings {
     pub table_capacity: usize,
     /// Whether near-limit passes go to the origin.
     pub band: bool,
+    /// The global table's URL.
+    pub database_url: String,
+    /// Pause between flushes.
+    pub flush_interval: Duration,
+    /// Pause between syncs.
+    pub sync_interval: Duration,
+    /// Random share of an interval added to each flush and sync.
+    pub sync_jitter: f64,
+    /// Which cells are published.
+    pub publish: strata_core::PublishPolicy,
+    /// Pause between cleanups.
+    pub cleanup_interval: Duration,
+    /// Data directory of the embedded default.
+    pub data_dir: PathBuf,
 }
 
 impl Default for Settings {
@@ -165,6 +224,13 @@ impl Default for Settings {
             replay_queue: DEFAULT_REPLAY_QUEUE,
             table_capacity: DEFAULT_TABLE_CAPACITY,
             band: true,
+            database_url: "sqlite://strata-data/global.db".into(),
+            flush_interval: Duration::from_secs(5),
+            sync_interval: Duration::from_secs(5),
+            sync_jitter: 0.2,
+            publish: strata_core::PublishPolicy::default(),
+            cleanup_interval: Duration::from_secs(60),
+            data_dir: PathBuf::from("strata-data"),
         }
     }
 }
@@ -298,7 +364,59 @@ impl Settings {
             Some("off") => false,
             Some(other) => return Err(err("--band", format_args!("{other:?} must be on or off"))),
         };
+        let data_dir = cli
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| d.data_dir.clone());
+        let database_url = match cli
+            .database_url
+            .or(file.database_url)
+            .map(|u| u.trim().to_string())
+        {
+            Some(url) if url.starts_with("mysql://") || url.starts_with("sqlite:") => url,
+            Some(_) => {
+                return Err(err(
+                    "--database-url",
+                    "must start with mysql:// or sqlite://",
+                ));
+            }
+            None => format!("sqlite://{}", data_dir.join("global.db").display()),
+        };
+        let fraction = |setting: &'static str, value: Option<f64>, default: f64| match value {
+            None => Ok(default),
+            Some(f) if (0.0..=1.0).contains(&f) => Ok(f),
+            Some(f) => Err(err(setting, format_args!("{f} must be between 0 and 1"))),
+        };
+        let floor = fraction(
+            "--publish-floor",
+            cli.publish_floor.or(file.publish_floor),
+            0.2,
+        )?;
         Ok(Settings {
+            database_url,
+            data_dir,
+            flush_interval: duration(
+                "--flush-interval",
+                cli.flush_interval.or(file.flush_interval),
+                d.flush_interval,
+            )?,
+            sync_interval: duration(
+                "--sync-interval",
+                cli.sync_interval.or(file.sync_interval),
+                d.sync_interval,
+            )?,
+            sync_jitter: fraction(
+                "--sync-jitter",
+                cli.sync_jitter.or(file.sync_jitter),
+                d.sync_jitter,
+            )?,
+            publish: strata_core::PublishPolicy::from_fraction(floor)
+                .map_err(|e| err("--publish-floor", e))?,
+            cleanup_interval: duration(
+                "--cleanup-interval",
+                cli.cleanup_interval.or(file.cleanup_interval),
+                d.cleanup_interval,
+            )?,
             band,
             listen,
             region,

@@ -41,6 +41,7 @@ use tokio::sync::watch;
 use crate::auth::Auth;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::global::{Global, Store, StoreError};
 use crate::limiter::Limiter;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
@@ -58,6 +59,9 @@ pub enum StartError {
     /// The origin could not be set up.
     #[error("cannot set up the regional origin: {0}")]
     Origin(String),
+    /// The global table could not be set up.
+    #[error("cannot set up the global table: {0}")]
+    Database(String),
 }
 
 /// Everything a request handler needs.
@@ -91,6 +95,36 @@ impl Gateway {
             band: settings.band,
         };
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let store = Store::connect(
+            &settings.database_url,
+            settings.origin_timeout.max(Duration::from_secs(2)),
+        )
+        .map_err(|e| StartError::Database(e.to_string()))?;
+        if let Some(dir) = settings
+            .database_url
+            .strip_prefix("sqlite://")
+            .and_then(|p| std::path::Path::new(p).parent())
+        {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StartError::Database(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+        }
+        match store.migrate().await {
+            Ok(_) => {}
+            Err(e @ StoreError::Newer { .. }) => return Err(StartError::Database(e.to_string())),
+            // Decisions never wait on the database: start, and let the loops retry.
+            Err(e) => {
+                tracing::warn!(error = %e, "global table not reachable at start-up; flush and sync will retry")
+            }
+        }
+        let global = Global::new(
+            store,
+            settings.region.clone(),
+            settings.publish,
+            settings.table_capacity,
+        );
         let limiter = Limiter::new(
             LocalTables::new(settings.table_capacity, threads * 8, policy),
             OriginClient::new(origin, settings.origin_timeout, metrics.clone()),
@@ -98,6 +132,7 @@ impl Gateway {
             metrics,
             clock,
             policy,
+            global,
         );
         Ok(Arc::new(Self {
             auth: Auth::new(settings.tokens.clone()),
@@ -132,13 +167,15 @@ pub async fn run(
     let (stop, stopped) = watch::channel(false);
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
-    let presence = tokio::spawn(presence_loop(gateway.clone(), stopped));
+    let presence = tokio::spawn(presence_loop(gateway.clone(), stopped.clone()));
+    let global = tokio::spawn(global_loops(gateway.clone(), stopped));
     let served = axum::serve(listener, app(gateway.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     let _ = stop.send(true);
     let _ = janitor.await;
     let _ = presence.await;
+    let _ = global.await;
     if replay.await.is_err() {
         tracing::error!("replay loop ended abnormally");
     }
@@ -172,6 +209,68 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
         );
     } else {
         tracing::info!(cells = pending, "shutdown: replay queue drained");
+    }
+}
+
+/// The next instant of a cadence anchored to absolute targets: `target` advances by whole
+/// intervals (a slow run does not drift it), and each firing adds a fresh random share of
+/// `jitter` so a fleet's gateways do not flush in lockstep.
+fn next_firing(
+    target: &mut tokio::time::Instant,
+    interval: Duration,
+    jitter: f64,
+) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    while *target <= now {
+        *target += interval;
+    }
+    *target + interval.mul_f64(jitter * rand::random::<f64>())
+}
+
+/// Flush, sync and cleanup of the global table, each on its own cadence; errors are logged,
+/// counted and retried on the next tick. A last flush runs on shutdown.
+async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+    let s = &gateway.settings;
+    let start = tokio::time::Instant::now();
+    let (mut flush_at, mut sync_at, mut clean_at) = (start, start, start);
+    let mut migrated = false;
+    loop {
+        let flush = next_firing(&mut flush_at, s.flush_interval, s.sync_jitter);
+        let sync = next_firing(&mut sync_at, s.sync_interval, s.sync_jitter);
+        let clean = next_firing(&mut clean_at, s.cleanup_interval, 0.0);
+        let limiter = &gateway.limiter;
+        let global = &limiter.global;
+        if !migrated {
+            migrated = global.store.migrate().await.is_ok();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(flush) => {
+                if let Err(e) = global.flush_once(limiter.clock.now_ms()).await {
+                    tracing::warn!(error = %e, "global flush failed; retrying next tick");
+                }
+            }
+            _ = tokio::time::sleep_until(sync) => {
+                if let Err(e) = global.sync_once(&limiter.local, limiter.clock.now_ms()).await {
+                    tracing::warn!(error = %e, "global sync failed; retrying next tick");
+                }
+            }
+            _ = tokio::time::sleep_until(clean) => {
+                match global.store.cleanup(limiter.clock.now_ms(), 1_000, 10).await {
+                    Ok(n) if n > 0 => tracing::debug!(rows = n, "global cleanup"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "global cleanup failed"),
+                }
+            }
+            _ = stopped.changed() => break,
+        }
+    }
+    if let Err(e) = gateway
+        .limiter
+        .global
+        .flush_once(gateway.limiter.clock.now_ms())
+        .await
+    {
+        tracing::warn!(error = %e, "shutdown: last global flush failed");
     }
 }
 

@@ -19,12 +19,14 @@ pub struct Pending {
     pub sequence: u64,
     /// Cost accepted since the last replay.
     pub cost: u64,
+    /// The latest limit it was accepted under (the publish floor follows it).
+    pub limit: u64,
 }
 
 /// The bounded queue of cells to replay.
 #[derive(Debug)]
 pub struct ReplayQueue {
-    cells: Mutex<HashMap<(WindowKey, u64), u64>>,
+    cells: Mutex<HashMap<(WindowKey, u64), (u64, u64)>>,
     max_cells: usize,
 }
 
@@ -37,23 +39,24 @@ impl ReplayQueue {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(WindowKey, u64), u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(WindowKey, u64), (u64, u64)>> {
         self.cells.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Adds accepted cost to a cell. Returns false if the queue is full and the cell is not
     /// already in it (the caller counts the drop).
-    pub fn push(&self, key: &WindowKey, sequence: u64, cost: u64) -> bool {
+    pub fn push(&self, key: &WindowKey, sequence: u64, cost: u64, limit: u64) -> bool {
         let mut cells = self.lock();
         let full = cells.len() >= self.max_cells;
         match cells.get_mut(&(key.clone(), sequence)) {
-            Some(total) => {
+            Some((total, latest)) => {
                 *total = total.saturating_add(cost);
+                *latest = limit;
                 true
             }
             None if full => false,
             None => {
-                cells.insert((key.clone(), sequence), cost);
+                cells.insert((key.clone(), sequence), (cost, limit));
                 true
             }
         }
@@ -65,11 +68,12 @@ impl ReplayQueue {
         let keys: Vec<(WindowKey, u64)> = cells.keys().take(MAX_BATCH).cloned().collect();
         keys.into_iter()
             .filter_map(|k| {
-                let cost = cells.remove(&k)?;
+                let (cost, limit) = cells.remove(&k)?;
                 Some(Pending {
                     key: k.0,
                     sequence: k.1,
                     cost,
+                    limit,
                 })
             })
             .collect()
@@ -79,7 +83,7 @@ impl ReplayQueue {
     pub fn restore(&self, batch: Vec<Pending>) -> u64 {
         let mut dropped = 0;
         for p in batch {
-            if !self.push(&p.key, p.sequence, p.cost) {
+            if !self.push(&p.key, p.sequence, p.cost, p.limit) {
                 dropped += p.cost;
             }
         }
@@ -88,10 +92,7 @@ impl ReplayQueue {
 
     /// Accepted cost of one cell still waiting (not yet known to the origin).
     pub fn pending(&self, key: &WindowKey, sequence: u64) -> u64 {
-        self.lock()
-            .get(&(key.clone(), sequence))
-            .copied()
-            .unwrap_or(0)
+        self.lock().get(&(key.clone(), sequence)).map_or(0, |p| p.0)
     }
 
     /// Cells waiting.
@@ -117,9 +118,9 @@ mod tests {
     #[test]
     fn costs_of_one_cell_are_summed() {
         let q = ReplayQueue::new(10);
-        assert!(q.push(&key("a"), 5, 1));
-        assert!(q.push(&key("a"), 5, 2));
-        assert!(q.push(&key("a"), 6, 1));
+        assert!(q.push(&key("a"), 5, 1, 10));
+        assert!(q.push(&key("a"), 5, 2, 10));
+        assert!(q.push(&key("a"), 6, 1, 10));
         let mut batch = q.take_batch();
         batch.sort_by_key(|p| p.sequence);
         assert_eq!(batch.len(), 2);
@@ -130,19 +131,19 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_new_cells_but_still_sums_known_ones() {
         let q = ReplayQueue::new(1);
-        assert!(q.push(&key("a"), 5, 1));
-        assert!(!q.push(&key("b"), 5, 1));
-        assert!(q.push(&key("a"), 5, 1));
+        assert!(q.push(&key("a"), 5, 1, 10));
+        assert!(!q.push(&key("b"), 5, 1, 10));
+        assert!(q.push(&key("a"), 5, 1, 10));
         assert_eq!(q.len(), 1);
     }
 
     #[test]
     fn a_failed_batch_goes_back_and_what_does_not_fit_is_reported() {
         let q = ReplayQueue::new(2);
-        q.push(&key("a"), 5, 3);
-        q.push(&key("b"), 5, 4);
+        q.push(&key("a"), 5, 3, 10);
+        q.push(&key("b"), 5, 4, 10);
         let batch = q.take_batch();
-        q.push(&key("c"), 5, 1);
+        q.push(&key("c"), 5, 1, 10);
         let dropped = q.restore(batch);
         assert_eq!(q.len(), 2);
         assert!(

@@ -271,6 +271,7 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
         limit: 1_000_000,
         cost: 0,
         unseen: 0,
+        global: [0, 0],
     }];
     let answer = limiter
         .origin
@@ -338,6 +339,7 @@ async fn the_redis_script_and_the_embedded_origin_agree() {
                 limit,
                 cost,
                 unseen: next() % 3,
+                global: [next() % 5, next() % 5],
             })
             .collect();
         let a = memory

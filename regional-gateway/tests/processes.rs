@@ -44,6 +44,8 @@ async fn start_gateway(redis: &RedisServer, http: &reqwest::Client) -> (Process,
             &redis.url(),
         ])
         .args(["--replay-interval", "20ms"])
+        .arg("--data-dir")
+        .arg(std::env::temp_dir().join(format!("strata-processes-{}-{port}", std::process::id())))
         .env("STRATA_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

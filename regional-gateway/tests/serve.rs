@@ -33,6 +33,12 @@ async fn serves_replays_in_the_background_and_drains_on_shutdown() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let settings = Settings {
         replay_interval: Duration::from_millis(20),
+        database_url: format!(
+            "sqlite://{}",
+            std::env::temp_dir()
+                .join(format!("strata-serve-{}.db", std::process::id()))
+                .display()
+        ),
         ..Settings::default()
     };
     let gateway = Gateway::new(settings, Clock::system()).await.unwrap();

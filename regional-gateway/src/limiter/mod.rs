@@ -36,6 +36,8 @@ pub struct Limiter {
     pub clock: Clock,
     /// This process's random id, sent with its origin calls (the origin counts peers by it).
     pub instance: String,
+    /// The region's counts as this gateway knows them, and what it imported from the others.
+    pub global: crate::global::Global,
     policy: OriginPolicy,
     inflight: InflightMap,
 }
@@ -75,6 +77,7 @@ impl Limiter {
         metrics: Arc<Metrics>,
         clock: Clock,
         policy: OriginPolicy,
+        global: crate::global::Global,
     ) -> Self {
         Self {
             local,
@@ -82,6 +85,7 @@ impl Limiter {
             replay,
             metrics,
             clock,
+            global,
             instance: format!("gw-{:016x}", rand::random::<u64>()),
             policy,
             inflight: Mutex::new(HashMap::new()),
@@ -145,6 +149,7 @@ impl Limiter {
             limit: limit.limit,
             cost: limit.cost,
             unseen,
+            global: self.imported_global(key, plan.sequence),
         }];
         let budget = deadline.saturating_duration_since(std::time::Instant::now());
         match self
@@ -154,7 +159,8 @@ impl Limiter {
         {
             Ok(answer) => match answer.limits.first() {
                 Some(outcome) => {
-                    let a = origin_answer(outcome, answer.success);
+                    let a =
+                        self.answer_with_imports(key, outcome, answer.success, Some(limit.limit));
                     let now = self.clock.now_ms();
                     let d = self.local.lock(key).apply_decided(key, limit.cost, &a, now);
                     (d, Source::Origin, a.counted)
@@ -169,6 +175,38 @@ impl Limiter {
                 drop(table);
                 (self.fall_back(limit), Source::Fallback, false)
             }
+        }
+    }
+
+    /// The other regions' imported counts of the current and previous cells.
+    pub fn imported_global(&self, key: WindowKeyRef<'_>, sequence: u64) -> [u64; 2] {
+        [
+            self.global.counts(key, sequence, 0).global,
+            self.global
+                .counts(key, sequence.saturating_sub(1), 0)
+                .global,
+        ]
+    }
+
+    /// An origin outcome as the core merges it, with the imported components, recorded in
+    /// the region's view (for the flush).
+    pub fn answer_with_imports(
+        &self,
+        key: WindowKeyRef<'_>,
+        outcome: &DecideOutcome,
+        counted: bool,
+        limit: Option<u64>,
+    ) -> OriginAnswer {
+        let now = self.clock.now_ms();
+        let previous = outcome.sequence.saturating_sub(1);
+        self.global
+            .observe(key, outcome.sequence, outcome.current, limit, now);
+        self.global
+            .observe(key, previous, outcome.previous, None, now);
+        OriginAnswer {
+            current: self.global.counts(key, outcome.sequence, outcome.current),
+            previous: self.global.counts(key, previous, outcome.previous),
+            ..origin_answer(outcome, counted)
         }
     }
 
@@ -187,7 +225,7 @@ impl Limiter {
         let sequence = counted_sequence(limit.key, decision);
         if !self
             .replay
-            .push(&limit.key.to_owned_key(), sequence, limit.cost)
+            .push(&limit.key.to_owned_key(), sequence, limit.cost, limit.limit)
         {
             self.metrics.replay_dropped(limit.cost);
             tracing::warn!(
@@ -219,11 +257,10 @@ impl Limiter {
         {
             Ok(counts) => {
                 let now = self.clock.now_ms();
-                for (c, (regional, peers)) in increments.iter().zip(counts) {
-                    let counts = Counts {
-                        regional,
-                        global: 0,
-                    };
+                for ((c, (regional, peers)), p) in increments.iter().zip(counts).zip(&batch) {
+                    self.global
+                        .observe(c.key, c.sequence, regional, Some(p.limit), now);
+                    let counts = self.global.counts(c.key, c.sequence, regional);
                     self.local.lock(c.key).apply_replay(
                         c.key,
                         c.sequence,

@@ -6,7 +6,7 @@ use strata_core::{
     LimitCheck, MultiDecision, OriginPlan, Reason, Verdict, WindowKeyRef, decide_all,
 };
 
-use super::{Limiter, origin_answer};
+use super::Limiter;
 use crate::metrics::Source;
 use crate::origin::DecideLimit;
 
@@ -123,6 +123,7 @@ impl Limiter {
                     .find(|(j, _)| *j == i)
                     .map_or(0, |(_, p)| p.reserve());
                 DecideLimit {
+                    global: self.imported_global(l.key, sequence),
                     key: l.key,
                     limit: l.limit,
                     cost: l.cost,
@@ -140,7 +141,8 @@ impl Limiter {
                     .iter()
                     .zip(&answer.limits)
                     .map(|(l, outcome)| {
-                        let a = origin_answer(outcome, answer.success);
+                        let a =
+                            self.answer_with_imports(l.key, outcome, answer.success, Some(l.limit));
                         self.local.lock(l.key).apply_decided(l.key, l.cost, &a, now)
                     })
                     .collect();

@@ -131,11 +131,11 @@ impl MemoryOrigin {
                     counts: WindowCounts {
                         current: Counts {
                             regional: current.saturating_add(l.unseen),
-                            global: 0,
+                            global: l.global[0],
                         },
                         previous: Counts {
                             regional: previous,
-                            global: 0,
+                            global: l.global[1],
                         },
                     },
                     duration: l.key.duration(),

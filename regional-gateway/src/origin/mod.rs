@@ -123,6 +123,9 @@ pub struct DecideLimit<'a> {
     /// Cost the origin has not been told of but must count as used: the caller's own
     /// unreplayed passes and its reserve (the band) for other processes' unreplayed passes.
     pub unseen: u64,
+    /// The other regions' counts of the current and previous cells, as the gateway imported
+    /// them from the global table.
+    pub global: [u64; 2],
 }
 
 /// The origin's verdict on one limit.

@@ -29,7 +29,8 @@ const INSTANCES_KEY: &str = "strata:instances";
 /// product of a count and a duration is split so no intermediate exceeds that), increments on
 /// a pass, and records the caller among the key's peers.
 /// KEYS: current cell, previous cell, peers. ARGV: limit, cost, duration, now, unseen,
-/// instance, peer window, max peers, prior, dry (1: never increment).
+/// instance, peer window, max peers, prior, dry (1: never increment), current global,
+/// previous global.
 const DECIDE_LUA: &str = r#"
 local function divmod(a, d)
   local q = math.floor(a / d)
@@ -53,7 +54,8 @@ local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
 local seq = math.floor(now / d)
 local elapsed = now - seq * d
-local used = cur + unseen + muldiv(prev, d - elapsed, d)
+local cg, pg = tonumber(ARGV[11]), tonumber(ARGV[12])
+local used = cur + cg + unseen + muldiv(prev + pg, d - elapsed, d)
 local ok = 0
 if limit > 0 and used + cost <= limit then ok = 1 end
 if ok == 1 and cost > 0 and ARGV[10] ~= '1' then
@@ -275,6 +277,8 @@ impl RedisOrigin {
                 .arg(MAX_PEERS)
                 .arg(prior)
                 .arg(u8::from(failed))
+                .arg(l.global[0])
+                .arg(l.global[1])
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
@@ -282,11 +286,11 @@ impl RedisOrigin {
                 counts: WindowCounts {
                     current: Counts {
                         regional: cur.saturating_add(l.unseen),
-                        global: 0,
+                        global: l.global[0],
                     },
                     previous: Counts {
                         regional: prev,
-                        global: 0,
+                        global: l.global[1],
                     },
                 },
                 duration: d,

@@ -66,7 +66,23 @@ pub async fn gateway(backend: Backend, tokens: &[(&str, &str)]) -> TestGateway {
     g
 }
 
-pub async fn with_settings(settings: Settings) -> TestGateway {
+/// A SQLite file of this gateway's own for the global table.
+pub fn temp_database() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "strata-test-{}-{}.db",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&path);
+    format!("sqlite://{}", path.display())
+}
+
+pub async fn with_settings(mut settings: Settings) -> TestGateway {
+    if settings.database_url == Settings::default().database_url {
+        settings.database_url = temp_database();
+    }
     let clock = Clock::manual(T0);
     let gateway = Gateway::new(settings, clock.clone()).await.unwrap();
     let router = strata_gateway::app(gateway.clone());

@@ -1,0 +1,215 @@
+//! The gateway's side of the global layer: its view of the region's counts (fed by every origin
+//! answer, native or for an edge), flushed to the global table by the publish policy, and the
+//! imported components (own and foreign) from each sync, applied to local memory and to every
+//! origin answer the gateway gives.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use strata_core::{CounterTable, Counts, PublishPolicy, Region, TableConfig, WindowKeyRef};
+
+use super::store::{Store, StoreError};
+use crate::local::LocalTables;
+
+/// Counters of the global layer, rendered as `strata_global_*`.
+#[derive(Debug, Default)]
+pub struct GlobalMetrics {
+    /// Flush statements that succeeded.
+    pub writes: AtomicU64,
+    /// Flushes that failed (retried on the next tick).
+    pub write_errors: AtomicU64,
+    /// Rows written.
+    pub rows_written: AtomicU64,
+    /// Sync rows applied.
+    pub sync_rows_applied: AtomicU64,
+    /// Syncs that failed.
+    pub sync_errors: AtomicU64,
+    /// Local entries created by a sync (keys this gateway had not seen).
+    pub entries_created: AtomicU64,
+    /// Rows returned by the last sync.
+    pub rows_last_poll: AtomicU64,
+}
+
+/// The region's counts as this gateway knows them, and the imported components.
+#[derive(Debug)]
+pub struct Global {
+    /// The global table.
+    pub store: Store,
+    region: Region,
+    policy: PublishPolicy,
+    view: Mutex<CounterTable>,
+    /// Counters.
+    pub metrics: GlobalMetrics,
+}
+
+impl Global {
+    /// A layer over `store` for `region`, holding at most `capacity` window keys in its view.
+    pub fn new(store: Store, region: Region, policy: PublishPolicy, capacity: usize) -> Self {
+        Self {
+            store,
+            region,
+            policy,
+            view: Mutex::new(CounterTable::new(
+                TableConfig {
+                    capacity,
+                    ..TableConfig::default()
+                },
+                rand::random(),
+            )),
+            metrics: GlobalMetrics::default(),
+        }
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, CounterTable> {
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records what the regional origin answered for a cell (and the limit, if the answer
+    /// came with one): the region's count, the thing this gateway publishes.
+    pub fn observe(
+        &self,
+        key: WindowKeyRef<'_>,
+        sequence: u64,
+        regional: u64,
+        limit: Option<u64>,
+        now_ms: u64,
+    ) {
+        let mut view = self.view();
+        view.apply_origin(
+            key,
+            sequence,
+            Counts {
+                regional,
+                global: 0,
+            },
+            now_ms,
+        );
+        if let Some(limit) = limit {
+            let state = view.entry(key, now_ms);
+            state.roll(key.duration(), now_ms);
+            state.observe_limit(limit);
+        }
+    }
+
+    /// A cell's counts as the gateway answers them: the regional count never below this
+    /// region's own published component, and the other regions' sum as `global`.
+    pub fn counts(&self, key: WindowKeyRef<'_>, sequence: u64, regional: u64) -> Counts {
+        let imported = self
+            .view()
+            .get(key)
+            .and_then(|s| s.cell(sequence).map(|c| c.counts()))
+            .unwrap_or_default();
+        Counts {
+            regional: regional.max(imported.regional),
+            global: imported.global,
+        }
+    }
+
+    /// Writes the cells worth publishing; commits them as flushed only once written.
+    pub async fn flush_once(&self, now_ms: u64) -> Result<u64, StoreError> {
+        let rows = self.view().flush_candidates(&self.policy, now_ms);
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        match self.store.flush(&self.region, &rows, now_ms).await {
+            Ok(written) => {
+                self.view().commit_flush(&rows);
+                self.metrics.writes.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .rows_written
+                    .fetch_add(written, Ordering::Relaxed);
+                Ok(written)
+            }
+            Err(e) => {
+                self.metrics.write_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Imports every live cell's own and foreign sums: into the view (for answers and
+    /// flushes) and into local memory (for decisions). Returns the rows applied.
+    pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
+        let rows = match self.store.sync(&self.region, now_ms).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.metrics.sync_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.metrics
+            .rows_last_poll
+            .store(rows.len() as u64, Ordering::Relaxed);
+        for r in &rows {
+            let key = r.key.as_ref();
+            self.view()
+                .apply_sync(key, r.sequence, r.own, r.foreign, now_ms);
+            let mut table = local.lock(key);
+            let before = table.stats().created_by_sync;
+            table.apply_sync(key, r.sequence, r.own, r.foreign, now_ms);
+            if table.stats().created_by_sync > before {
+                self.metrics.entries_created.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.metrics
+            .sync_rows_applied
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows.len())
+    }
+
+    /// Renders the `strata_global_*` counters.
+    pub fn render(&self) -> String {
+        let m = &self.metrics;
+        let mut out = String::new();
+        for (name, kind, help, v) in [
+            (
+                "writes_total",
+                "counter",
+                "Flush statements that succeeded.",
+                &m.writes,
+            ),
+            (
+                "write_errors_total",
+                "counter",
+                "Flushes that failed and will be retried.",
+                &m.write_errors,
+            ),
+            (
+                "rows_written_total",
+                "counter",
+                "Rows written to the global table.",
+                &m.rows_written,
+            ),
+            (
+                "sync_rows_applied_total",
+                "counter",
+                "Sync rows applied to local memory.",
+                &m.sync_rows_applied,
+            ),
+            (
+                "sync_errors_total",
+                "counter",
+                "Syncs that failed.",
+                &m.sync_errors,
+            ),
+            (
+                "entries_created_total",
+                "counter",
+                "Local entries a sync created for keys not seen here.",
+                &m.entries_created,
+            ),
+            (
+                "rows_last_poll",
+                "gauge",
+                "Rows the last sync returned.",
+                &m.rows_last_poll,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP strata_global_{name} {help}\n# TYPE strata_global_{name} {kind}\nstrata_global_{name} {}\n",
+                v.load(Ordering::Relaxed)
+            ));
+        }
+        out
+    }
+}

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use strata_gateway::clock::Clock;
-use strata_gateway::config::{Cli, Settings};
+use strata_gateway::config::{Cli, Settings, Task};
+use strata_gateway::global::Store;
 use strata_gateway::{Gateway, run};
 use tracing_subscriber::EnvFilter;
 
@@ -15,13 +16,18 @@ async fn main() -> ExitCode {
             EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let settings = match Settings::from_cli(Cli::parse()) {
+    let cli = Cli::parse();
+    let task = cli.task;
+    let settings = match Settings::from_cli(cli) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("strata-gateway: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(task) = task {
+        return run_task(task, &settings).await;
+    }
     let listen = settings.listen;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
@@ -43,6 +49,51 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata-gateway: server error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `migrate` or `cleanup`, then exit (for a deploy step or an external scheduler).
+async fn run_task(task: Task, settings: &Settings) -> ExitCode {
+    if let Some(dir) = settings
+        .database_url
+        .strip_prefix("sqlite://")
+        .and_then(|p| std::path::Path::new(p).parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("strata-gateway: cannot create {}: {e}", dir.display());
+            return ExitCode::from(1);
+        }
+    }
+    let store = match Store::connect(&settings.database_url, std::time::Duration::from_secs(10)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("strata-gateway: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = match task {
+        Task::Migrate => store
+            .migrate()
+            .await
+            .map(|n| format!("applied {n} migration(s)")),
+        Task::Cleanup => {
+            let now = strata_gateway::clock::Clock::system().now_ms();
+            store
+                .cleanup(now, 10_000, 1_000)
+                .await
+                .map(|n| format!("deleted {n} expired row(s)"))
+        }
+    };
+    match result {
+        Ok(message) => {
+            println!("strata-gateway: {message} ({})", store.dialect());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("strata-gateway: {e}");
             ExitCode::from(1)
         }
     }

@@ -40,6 +40,8 @@ pub struct Global {
     view: Mutex<CounterTable>,
     /// Counters.
     pub metrics: GlobalMetrics,
+    /// A sick database fails fast instead of stalling every tick on its timeout.
+    breaker: crate::breaker::Breaker,
 }
 
 impl Global {
@@ -57,7 +59,26 @@ impl Global {
                 rand::random(),
             )),
             metrics: GlobalMetrics::default(),
+            breaker: crate::breaker::Breaker::default(),
         }
+    }
+
+    /// Whether the database breaker refuses calls.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.is_open(std::time::Instant::now())
+    }
+
+    async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if !self.breaker.allow(std::time::Instant::now()) {
+            return Err(StoreError::Query("circuit breaker open".into()));
+        }
+        let result = call.await;
+        self.breaker
+            .record(result.is_ok(), std::time::Instant::now());
+        result
     }
 
     fn view(&self) -> std::sync::MutexGuard<'_, CounterTable> {
@@ -111,7 +132,10 @@ impl Global {
         if rows.is_empty() {
             return Ok(0);
         }
-        match self.store.flush(&self.region, &rows, now_ms).await {
+        match self
+            .guarded(self.store.flush(&self.region, &rows, now_ms))
+            .await
+        {
             Ok(written) => {
                 self.view().commit_flush(&rows);
                 self.metrics.writes.fetch_add(1, Ordering::Relaxed);
@@ -130,7 +154,7 @@ impl Global {
     /// Imports every live cell's own and foreign sums: into the view (for answers and
     /// flushes) and into local memory (for decisions). Returns the rows applied.
     pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
-        let rows = match self.store.sync(&self.region, now_ms).await {
+        let rows = match self.guarded(self.store.sync(&self.region, now_ms)).await {
             Ok(rows) => rows,
             Err(e) => {
                 self.metrics.sync_errors.fetch_add(1, Ordering::Relaxed);
@@ -210,6 +234,10 @@ impl Global {
                 v.load(Ordering::Relaxed)
             ));
         }
+        out.push_str(&format!(
+            "# HELP strata_global_breaker_open 1 while the database breaker refuses calls.\n# TYPE strata_global_breaker_open gauge\nstrata_global_breaker_open {}\n",
+            u8::from(self.breaker_open())
+        ));
         out
     }
 }

@@ -22,6 +22,7 @@ use strata_gateway::clock::Clock;
 use strata_gateway::config::Settings;
 use tower::ServiceExt;
 
+pub mod mariadb;
 pub mod redis;
 
 use redis::RedisServer;

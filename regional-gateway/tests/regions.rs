@@ -184,3 +184,53 @@ async fn two_regions_on_mariadb() {
         .await
         .unwrap();
 }
+
+/// A region's Redis loses its data (FLUSHDB) after the region published: a gateway of that
+/// region that has not seen the key still counts the published component, once, as a lower
+/// bound on the regional count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_published_count_survives_a_flushed_redis() {
+    let redis = common::redis::RedisServer::start();
+    let url = temp_database();
+    let on_redis = || {
+        with_settings(Settings {
+            region: Region::new("eu").unwrap(),
+            database_url: url.clone(),
+            redis_url: Some(redis.url()),
+            ..Settings::default()
+        })
+    };
+    let first = on_redis().await;
+    assert_eq!(admit(&first, "k", 100, 60).await, 60);
+    assert_eq!(global(&first).flush_once(T0).await.unwrap(), 1);
+
+    let flushed = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "FLUSHDB"])
+        .output()
+        .unwrap();
+    assert!(flushed.status.success());
+
+    let second = on_redis().await;
+    global(&second)
+        .sync_once(&second.gateway.limiter.local, T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        admit(&second, "k", 100, 100).await,
+        40,
+        "60 published + 40 = the limit, counted once"
+    );
+    let cell = second
+        .gateway
+        .limiter
+        .local
+        .lock(key("k"))
+        .get(key("k"))
+        .copied()
+        .unwrap();
+    assert_eq!(
+        cell.current().counts().global,
+        0,
+        "own rows never land in global"
+    );
+}

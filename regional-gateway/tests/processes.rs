@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,16 +25,8 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn start_gateway(redis: &RedisServer, http: &reqwest::Client) -> (Process, String) {
-    let port = free_port();
+    let port = common::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
         .args([
             "--listen",

@@ -1,7 +1,6 @@
 //! A private `mariadbd` per test, on a free loopback port with its own data directory, never
 //! the shared one: tests stop and restart it freely. Fails loudly if MariaDB is missing.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,16 +11,9 @@ pub struct MariaDbServer {
     dir: PathBuf,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
-
 impl MariaDbServer {
     pub fn start() -> Self {
-        let port = free_port();
+        let port = super::free_port();
         let dir =
             std::env::temp_dir().join(format!("strata-mariadb-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir for mariadb");

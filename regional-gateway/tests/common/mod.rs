@@ -34,6 +34,14 @@ pub enum Backend {
     Redis,
 }
 
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
 /// 20 s into a minute, on a 1 s boundary.
 pub const T0: u64 = 1_700_000_000_000;
 

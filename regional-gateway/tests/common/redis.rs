@@ -2,7 +2,7 @@
 //! stop, restart and flush it freely. Fails loudly if `redis-server` is missing.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,13 +11,6 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 fn answers_ping(port: u16) -> bool {
@@ -33,7 +26,7 @@ fn answers_ping(port: u16) -> bool {
 
 impl RedisServer {
     pub fn start() -> Self {
-        let port = free_port();
+        let port = super::free_port();
         let dir = std::env::temp_dir().join(format!("strata-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir for redis");
         let mut server = Self {

@@ -174,19 +174,20 @@ impl WindowState {
             return Verdict::Local(local);
         }
         let reads = self.plan_reads(now_ms);
-        let band = if policy.band {
-            self.band.band(limit, now_ms, policy.replay_interval_ms)
-        } else {
-            0
+        // The band and reserve only matter once there is a reason to ask the origin, or room to
+        // doubt a pass: a lone process (peers 1, nobody else's growth seen) skips their math.
+        let lone = self.band.peers() <= 1 && self.band.others_per_interval() == 0;
+        let estimate = || {
+            if !policy.band || lone {
+                return (0, 0);
+            }
+            let i = policy.replay_interval_ms;
+            (
+                self.band.band(limit, now_ms, i),
+                self.band.reserve(now_ms, i).min(limit),
+            )
         };
-        let reserve = if policy.band {
-            self.band
-                .peer_band(now_ms, policy.replay_interval_ms)
-                .min(limit)
-        } else {
-            0
-        };
-        let plan = |reason| OriginPlan {
+        let plan = |reason, (band, reserve): (u64, u64)| OriginPlan {
             sequence: self.sequence,
             reason,
             reads,
@@ -194,13 +195,14 @@ impl WindowState {
             reserve,
         };
         if let Some(reason) = reads.current.or(reads.previous) {
-            return Verdict::Origin(plan(reason));
+            return Verdict::Origin(plan(reason, estimate()));
         }
         if now_ms < self.current.read_retry_at {
             return Verdict::Local(local);
         }
+        let (band, reserve) = estimate();
         if local.remaining < band {
-            return Verdict::Origin(plan(Reason::Band));
+            return Verdict::Origin(plan(Reason::Band, (band, reserve)));
         }
         Verdict::Local(local)
     }

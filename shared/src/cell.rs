@@ -216,6 +216,34 @@ impl WindowState {
         }
     }
 
+    /// The first half of a decision: rolls to `now_ms`, records the request's limit, and
+    /// returns the check to decide. The second half, [`settle`](Self::settle), may wait for
+    /// the other limits of an all-or-nothing request.
+    pub fn prepare(
+        &mut self,
+        duration: WindowDuration,
+        limit: u64,
+        cost: u64,
+        now_ms: u64,
+    ) -> LimitCheck {
+        self.roll(duration, now_ms);
+        self.observe_limit(limit);
+        self.check(duration, limit, cost)
+    }
+
+    /// The second half: applies a decision made at `now_ms` (see [`apply`](Self::apply)).
+    pub fn settle(
+        &mut self,
+        decision: &Decision,
+        duration: WindowDuration,
+        cost: u64,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) {
+        let now_ms = self.roll(duration, now_ms);
+        self.apply(decision, duration, cost, now_ms, policy);
+    }
+
     /// Decides one limit locally, whatever the cells' freshness, and applies the result.
     pub fn decide(
         &mut self,

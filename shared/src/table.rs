@@ -318,19 +318,18 @@ impl CounterTable {
             .iter()
             .zip(limits)
             .map(|(&slot, l)| {
-                let state = &mut self.slots[slot].state;
-                state.roll(l.key.duration(), now_ms);
-                state.observe_limit(l.limit);
-                state.check(l.key.duration(), l.limit, l.cost)
+                self.slots[slot]
+                    .state
+                    .prepare(l.key.duration(), l.limit, l.cost, now_ms)
             })
             .collect();
         let multi = decide_all(&checks, now_ms, |i, j| slots[i] == slots[j]);
+        let policy = self.config.origin;
         for (i, decision) in multi.to_apply() {
             if let (Some(&slot), Some(l)) = (slots.get(i), limits.get(i)) {
-                let policy = self.config.origin;
-                let state = &mut self.slots[slot].state;
-                let now_ms = state.roll(l.key.duration(), now_ms);
-                state.apply(decision, l.key.duration(), l.cost, now_ms, &policy);
+                self.slots[slot]
+                    .state
+                    .settle(decision, l.key.duration(), l.cost, now_ms, &policy);
             }
         }
         multi
@@ -390,6 +389,13 @@ impl CounterTable {
     /// Records the number of processes the origin reports on a key.
     pub fn observe_peers(&mut self, key: WindowKeyRef<'_>, peers: u32, now_ms: u64) {
         self.state_mut(key, now_ms).observe_peers(peers);
+    }
+
+    /// Records a failed origin call that covered both cells of the window `sequence` is the
+    /// current cell of (a read or a decision always asks for both).
+    pub fn fail_window(&mut self, key: WindowKeyRef<'_>, sequence: u64, now_ms: u64) {
+        self.fail_origin(key, sequence, now_ms);
+        self.fail_origin(key, sequence.saturating_sub(1), now_ms);
     }
 
     /// Records a failed origin call for one cell; see [`WindowState::fail_origin`].

@@ -169,10 +169,7 @@ impl Limiter {
             },
             Err(_) => {
                 let now = self.clock.now_ms();
-                let mut table = self.local.lock(key);
-                table.fail_origin(key, plan.sequence, now);
-                table.fail_origin(key, plan.sequence.saturating_sub(1), now);
-                drop(table);
+                self.local.lock(key).fail_window(key, plan.sequence, now);
                 (self.fall_back(limit), Source::Fallback, false)
             }
         }

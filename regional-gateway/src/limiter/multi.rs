@@ -91,17 +91,19 @@ impl Limiter {
             .enumerate()
             .filter_map(|(i, l)| {
                 let state = table_at(&mut tables, &position, i)?.entry(l.key, now);
-                state.roll(l.key.duration(), now);
-                state.observe_limit(l.limit);
-                Some(state.check(l.key.duration(), l.limit, l.cost))
+                Some(state.prepare(l.key.duration(), l.limit, l.cost, now))
             })
             .collect();
         let multi = decide_all(&checks, now, |i, j| keys.get(i) == keys.get(j));
         for (i, decision) in multi.to_apply() {
             if let (Some(l), Some(table)) = (limits.get(i), table_at(&mut tables, &position, i)) {
-                let state = table.entry(l.key, now);
-                let now = state.roll(l.key.duration(), now);
-                state.apply(decision, l.key.duration(), l.cost, now, &self.policy);
+                table.entry(l.key, now).settle(
+                    decision,
+                    l.key.duration(),
+                    l.cost,
+                    now,
+                    &self.policy,
+                );
             }
         }
         multi
@@ -157,9 +159,7 @@ impl Limiter {
             _ => {
                 for (i, p) in plans {
                     if let Some(l) = limits.get(*i) {
-                        let mut table = self.local.lock(l.key);
-                        table.fail_origin(l.key, p.sequence, now);
-                        table.fail_origin(l.key, p.sequence.saturating_sub(1), now);
+                        self.local.lock(l.key).fail_window(l.key, p.sequence, now);
                     }
                 }
                 (self.decide_all_locally(limits), Source::Fallback)

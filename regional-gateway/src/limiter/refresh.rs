@@ -87,9 +87,7 @@ impl Limiter {
                 Source::Origin
             }
             Err(_) => {
-                for (_, seq) in cells {
-                    table.fail_origin(key, seq, now);
-                }
+                table.fail_window(key, sequence, now);
                 Source::Fallback
             }
         }
@@ -124,8 +122,8 @@ impl Limiter {
                 Source::Origin
             }
             Err(_) => {
-                for &(key, seq) in &cells {
-                    self.local.lock(key).fail_origin(key, seq, now);
+                for &(key, sequence) in reads {
+                    self.local.lock(key).fail_window(key, sequence, now);
                 }
                 Source::Fallback
             }

@@ -69,20 +69,21 @@ impl Limiter {
             .await
             .clone();
         let now = self.clock.now_ms();
+        let merged = result.as_ref().map(|(counts, peers)| {
+            (
+                [
+                    self.merged(key, sequence, counts[0], now),
+                    self.merged(key, sequence.saturating_sub(1), counts[1], now),
+                ],
+                *peers,
+            )
+        });
         let mut table = self.local.lock(key);
-        match result {
+        match merged {
             Ok((counts, peers)) => {
                 table.observe_peers(key, peers, now);
-                for ((_, seq), regional) in cells.iter().zip(counts) {
-                    table.apply_origin(
-                        key,
-                        *seq,
-                        Counts {
-                            regional,
-                            global: 0,
-                        },
-                        now,
-                    );
+                for ((_, seq), counts) in cells.iter().zip(counts) {
+                    table.apply_origin(key, *seq, counts, now);
                 }
                 Source::Origin
             }
@@ -91,6 +92,13 @@ impl Limiter {
                 Source::Fallback
             }
         }
+    }
+
+    /// A read answer for one cell, recorded in the region's view (what the flush publishes)
+    /// and returned with the imported components, as every origin answer is.
+    fn merged(&self, key: WindowKeyRef<'_>, sequence: u64, regional: u64, now: u64) -> Counts {
+        self.global.observe(key, sequence, regional, None, now);
+        self.global.counts(key, sequence, regional)
     }
 
     /// One origin read for the cells of several keys (a multi-limit request).
@@ -107,17 +115,10 @@ impl Limiter {
         match result {
             Ok(counts) => {
                 for (&(key, seq), (regional, peers)) in cells.iter().zip(counts) {
+                    let counts = self.merged(key, seq, regional, now);
                     let mut table = self.local.lock(key);
                     table.observe_peers(key, peers, now);
-                    table.apply_origin(
-                        key,
-                        seq,
-                        Counts {
-                            regional,
-                            global: 0,
-                        },
-                        now,
-                    );
+                    table.apply_origin(key, seq, counts, now);
                 }
                 Source::Origin
             }

@@ -253,7 +253,7 @@ async fn origin_decide(
                 limit: l.limit.limit,
                 cost: l.limit.cost,
                 unseen: l.unseen,
-                global: gw.limiter.imported_global(l.limit.key, sequence),
+                global: gw.limiter.global.foreign(l.limit.key, sequence),
             }
         })
         .collect();

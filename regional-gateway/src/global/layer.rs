@@ -96,20 +96,34 @@ impl Global {
         now_ms: u64,
     ) {
         let mut view = self.view();
-        view.apply_origin(
-            key,
+        let policy = view.config().origin;
+        // One lookup: the entry, rolled to now, takes the answer and the limit.
+        let state = view.entry(key, now_ms);
+        let now_ms = state.roll(key.duration(), now_ms);
+        state.apply_origin(
             sequence,
             Counts {
                 regional,
                 global: 0,
             },
             now_ms,
+            &policy,
         );
         if let Some(limit) = limit {
-            let state = view.entry(key, now_ms);
-            state.roll(key.duration(), now_ms);
             state.observe_limit(limit);
         }
+    }
+
+    /// The other regions' imported counts of window `sequence` and the one before, in one
+    /// look at the view (what an origin decision adds to its own counts).
+    pub fn foreign(&self, key: WindowKeyRef<'_>, sequence: u64) -> [u64; 2] {
+        let view = self.view();
+        let global = |seq| {
+            view.get(key)
+                .and_then(|s| s.cell(seq).map(|c| c.counts().global))
+                .unwrap_or(0)
+        };
+        [global(sequence), global(sequence.saturating_sub(1))]
     }
 
     /// A cell's counts as the gateway answers them: the regional count never below this

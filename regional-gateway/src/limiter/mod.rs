@@ -149,7 +149,7 @@ impl Limiter {
             limit: limit.limit,
             cost: limit.cost,
             unseen,
-            global: self.imported_global(key, plan.sequence),
+            global: self.global.foreign(key, plan.sequence),
         }];
         let budget = deadline.saturating_duration_since(std::time::Instant::now());
         match self
@@ -173,16 +173,6 @@ impl Limiter {
                 (self.fall_back(limit), Source::Fallback, false)
             }
         }
-    }
-
-    /// The other regions' imported counts of the current and previous cells.
-    pub fn imported_global(&self, key: WindowKeyRef<'_>, sequence: u64) -> [u64; 2] {
-        [
-            self.global.counts(key, sequence, 0).global,
-            self.global
-                .counts(key, sequence.saturating_sub(1), 0)
-                .global,
-        ]
     }
 
     /// An origin outcome as the core merges it, with the imported components, recorded in

@@ -125,7 +125,7 @@ impl Limiter {
                     .find(|(j, _)| *j == i)
                     .map_or(0, |(_, p)| p.reserve());
                 DecideLimit {
-                    global: self.imported_global(l.key, sequence),
+                    global: self.global.foreign(l.key, sequence),
                     key: l.key,
                     limit: l.limit,
                     cost: l.cost,

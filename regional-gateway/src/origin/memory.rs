@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use strata_core::{Counts, LimitCheck, WindowCounts, WindowKey, decide_all};
+use strata_core::{LimitCheck, WindowKey, decide_all};
 
 use super::{
     CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, Peers, peers_with_prior,
@@ -127,21 +127,7 @@ impl MemoryOrigin {
                 let sequence = l.key.duration().sequence(now_ms);
                 let current = state.count(key, sequence, now_ms);
                 let previous = state.count(key, sequence.saturating_sub(1), now_ms);
-                LimitCheck {
-                    counts: WindowCounts {
-                        current: Counts {
-                            regional: current.saturating_add(l.unseen),
-                            global: l.global[0],
-                        },
-                        previous: Counts {
-                            regional: previous,
-                            global: l.global[1],
-                        },
-                    },
-                    duration: l.key.duration(),
-                    limit: l.limit,
-                    cost: l.cost,
-                }
+                l.check(current, previous)
             })
             .collect();
         let multi = decide_all(&checks, now_ms, |i, j| keys.get(i) == keys.get(j));

@@ -128,6 +128,29 @@ pub struct DecideLimit<'a> {
     pub global: [u64; 2],
 }
 
+impl DecideLimit<'_> {
+    /// The check an origin decides this limit with, from the regional counts it holds for
+    /// the current and previous cells: what the caller has not told it yet counts as used, and
+    /// the other regions' imported counts are added.
+    pub fn check(&self, current: u64, previous: u64) -> strata_core::LimitCheck {
+        strata_core::LimitCheck {
+            counts: strata_core::WindowCounts {
+                current: strata_core::Counts {
+                    regional: current.saturating_add(self.unseen),
+                    global: self.global[0],
+                },
+                previous: strata_core::Counts {
+                    regional: previous,
+                    global: self.global[1],
+                },
+            },
+            duration: self.key.duration(),
+            limit: self.limit,
+            cost: self.cost,
+        }
+    }
+}
+
 /// The origin's verdict on one limit.
 #[derive(Clone, Copy, Debug)]
 pub struct DecideOutcome {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use strata_core::{Counts, LimitCheck, WindowCounts, WindowKeyRef};
+use strata_core::WindowKeyRef;
 
 use super::{
     CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, MAX_PEERS, OriginError,
@@ -282,21 +282,7 @@ impl RedisOrigin {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
-            let check = LimitCheck {
-                counts: WindowCounts {
-                    current: Counts {
-                        regional: cur.saturating_add(l.unseen),
-                        global: l.global[0],
-                    },
-                    previous: Counts {
-                        regional: prev,
-                        global: l.global[1],
-                    },
-                },
-                duration: d,
-                limit: l.limit,
-                cost: l.cost,
-            };
+            let check = l.check(cur, prev);
             let decision = check.decide(now_ms, 0);
             if decision.success != (ok == 1) {
                 tracing::error!(

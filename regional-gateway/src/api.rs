@@ -13,12 +13,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use strata_core::Decision;
 use strata_core::headers::{HeaderLimit, header_values};
 use strata_core::wire::{
     CellRef, CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BODY_BYTES,
     MultiRequest, MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
 };
-use strata_core::{Counts, Decision};
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -265,21 +265,22 @@ async fn origin_decide(
     let results: Vec<DecideResult> = answer
         .limits
         .iter()
-        .map(|o| DecideResult {
-            success: o.decision.success,
-            limit: o.decision.limit,
-            remaining: o.decision.remaining,
-            reset: o.decision.reset_ms,
-            sequence: o.sequence,
-            current: Counts {
-                regional: o.current,
-                global: 0,
-            },
-            previous: Counts {
-                regional: o.previous,
-                global: 0,
-            },
-            peers: o.peers,
+        .zip(&limits)
+        .map(|(o, l)| {
+            // Recorded in the region's view and answered with the imported components.
+            let merged =
+                gw.limiter
+                    .answer_with_imports(l.limit.key, o, answer.success, Some(l.limit.limit));
+            DecideResult {
+                success: o.decision.success,
+                limit: o.decision.limit,
+                remaining: o.decision.remaining,
+                reset: o.decision.reset_ms,
+                sequence: o.sequence,
+                current: merged.current,
+                previous: merged.previous,
+                peers: o.peers,
+            }
         })
         .collect();
     Ok(Json(DecideResponse {

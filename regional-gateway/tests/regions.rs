@@ -90,6 +90,13 @@ async fn two_regions_share_usage(url: &str) {
         40,
         "the sum reached the limit"
     );
+    // An edge asking us's origin gets the imported count in the answer, and in the decision.
+    let decide = serde_json::json!({"instance":"edge-1","limits":[
+        {"namespace":"api","identifier":"shared","limit":100,"duration":3_600_000_u64,"cost":0}]});
+    let r = us.post("/v1/origin/decide", None, decide).await;
+    assert_eq!(r.body["results"][0]["current"]["global"], 60, "{}", r.text);
+    assert_eq!(r.body["results"][0]["current"]["regional"], 40);
+    assert_eq!(r.body["results"][0]["remaining"], 0);
     assert_eq!(
         global(&us).metrics.entries_created.load(Ordering::Relaxed),
         1,

@@ -104,6 +104,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 step "cargo test (unit, reference cases, properties, accuracy sweep)" \
   cargo test --workspace -- --nocapture --test-threads 2
 step "no_std builds of strata-core for ${WASM_TARGETS[*]}" no_std_builds
+step "README examples, run as written (scripts/readme-examples.sh)" ./scripts/readme-examples.sh
 
 echo
 echo "==> summary"

@@ -1,8 +1,7 @@
-//! The HTTP API of DESIGN section 4: routes, the JSON body extractor (our error shape for
+//! The HTTP API v1: routes, the JSON body extractor (our error shape for
 //! every malformed or oversized body), and thin handlers that validate, call the limiter or
 //! the origin, and answer.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequest, Request, State};
@@ -15,15 +14,16 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use strata_core::Decision;
 use strata_core::headers::{HeaderLimit, header_values};
+use strata_core::ledger::used_on;
 use strata_core::wire::{
-    CellRef, CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BODY_BYTES,
-    MultiRequest, MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+    CellsResponse, DecideRequest, DecideResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest,
+    MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
 };
 
 use crate::Gateway;
 use crate::error::ApiError;
 use crate::metrics::Gauges;
-use crate::origin::{CellIncrement, DecideLimit};
+use crate::origin::{CellUsed, DecideLimit, OriginError};
 
 /// The gateway's routes over shared state.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -161,28 +161,14 @@ async fn origin_read(
     let cells = req.validate(workspace)?;
     let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
     let now = gw.limiter.clock.now_ms();
-    let answers = gw
-        .limiter
-        .origin
-        .read(req.instance.as_deref(), &reads, now)
-        .await?;
+    let answers = gw.limiter.origin.read(&reads, now).await?;
     let global = &gw.limiter.global;
-    let counts = cells
+    let cells = cells
         .iter()
-        .zip(&answers)
-        .map(|(c, &(regional, _))| {
-            global.observe(c.key, c.sequence, regional, None, now);
-            global.counts(c.key, c.sequence, regional)
-        })
+        .zip(answers)
+        .map(|(c, regional)| global.record_cell(c.key, c.sequence, regional, None, now))
         .collect();
-    let peers = req
-        .instance
-        .as_ref()
-        .map(|_| answers.iter().map(|a| a.1).collect());
-    Ok(Json(CellsResponse {
-        cells: counts,
-        peers,
-    }))
+    Ok(Json(CellsResponse { cells }))
 }
 
 async fn origin_replay(
@@ -192,49 +178,33 @@ async fn origin_replay(
 ) -> Result<Json<CellsResponse>, ApiError> {
     let workspace = gw.auth.workspace(&headers)?;
     let events = req.validate(workspace)?;
-    // Sum the events of each cell, so each cell is one increment; remember where each went.
-    let mut index: HashMap<CellRef<'_>, usize> = HashMap::new();
-    let mut increments: Vec<CellIncrement<'_>> = Vec::new();
-    let mut slot_of = Vec::with_capacity(events.len());
-    for e in &events {
-        let slot = *index.entry(e.cell).or_insert_with(|| {
-            increments.push(CellIncrement {
-                key: e.cell.key,
-                sequence: e.cell.sequence,
-                cost: 0,
-            });
-            increments.len() - 1
-        });
-        if let Some(inc) = increments.get_mut(slot) {
-            inc.cost = inc.cost.saturating_add(e.cost);
-        }
-        slot_of.push(slot);
-    }
-    let after = gw
-        .limiter
-        .origin
-        .replay(
-            req.instance.as_deref(),
-            &increments,
-            gw.limiter.clock.now_ms(),
-        )
-        .await?;
-    let at = |s: usize| after.get(s).copied().unwrap_or((0, 1));
-    let now = gw.limiter.clock.now_ms();
-    let global = &gw.limiter.global;
-    for (e, &slot) in events.iter().zip(&slot_of) {
-        global.observe(e.cell.key, e.cell.sequence, at(slot).0, Some(e.limit), now);
-    }
-    let cells = events
+    let cells: Vec<CellUsed<'_>> = events
         .iter()
-        .zip(&slot_of)
-        .map(|(e, &slot)| global.counts(e.cell.key, e.cell.sequence, at(slot).0))
+        .map(|e| CellUsed {
+            key: e.cell.key,
+            sequence: e.cell.sequence,
+            used: e.used,
+            release: e.release,
+        })
         .collect();
-    let peers = req
-        .instance
-        .as_ref()
-        .map(|_| slot_of.iter().map(|&s| at(s).1).collect());
-    Ok(Json(CellsResponse { cells, peers }))
+    let now = gw.limiter.clock.now_ms();
+    let after = gw.limiter.origin.replay(&req.instance, &cells, now).await?;
+    // A cell that failed alone fails the call: the others were merged, and merging them
+    // again when the caller retries counts nothing twice.
+    let mut counts = Vec::with_capacity(events.len());
+    for (e, regional) in events.iter().zip(after) {
+        let Some(regional) = regional else {
+            return Err(ApiError::Origin(OriginError::Backend(format!(
+                "the origin could not merge {}:{} sequence {}",
+                e.cell.key.namespace(),
+                e.cell.key.identifier(),
+                e.cell.sequence
+            ))));
+        };
+        let global = &gw.limiter.global;
+        counts.push(global.record_cell(e.cell.key, e.cell.sequence, regional, Some(e.limit), now));
+    }
+    Ok(Json(CellsResponse { cells: counts }))
 }
 
 async fn origin_decide(
@@ -244,50 +214,31 @@ async fn origin_decide(
 ) -> Result<Json<DecideResponse>, ApiError> {
     let workspace = gw.auth.workspace(&headers)?;
     let limits = req.validate(workspace)?;
+    let now = gw.limiter.clock.now_ms();
     let request: Vec<DecideLimit<'_>> = limits
         .iter()
         .map(|l| {
-            let sequence = l.limit.key.duration().sequence(gw.limiter.clock.now_ms());
+            let key = l.limit.key;
+            let sequence = key.duration().sequence(now);
+            let (global, floor) = gw.limiter.global.imported(key, sequence);
             DecideLimit {
-                key: l.limit.key,
+                key,
                 limit: l.limit.limit,
                 cost: l.limit.cost,
-                unseen: l.unseen,
-                global: gw.limiter.global.foreign(l.limit.key, sequence),
+                used: used_on(sequence, l.sequence.unwrap_or(sequence), l.used),
+                want: l.want,
+                release: l.release,
+                global,
+                floor,
             }
         })
         .collect();
     let answer = gw
         .limiter
         .origin
-        .decide(&req.instance, &request, gw.limiter.clock.now_ms())
+        .decide(&req.instance, &request, now)
         .await?;
-    let results: Vec<DecideResult> = answer
-        .limits
-        .iter()
-        .zip(&limits)
-        .map(|(o, l)| {
-            // Recorded in the region's view and answered with the imported components.
-            let merged =
-                gw.limiter
-                    .answer_with_imports(l.limit.key, o, answer.success, Some(l.limit.limit));
-            DecideResult {
-                success: o.decision.success,
-                limit: o.decision.limit,
-                remaining: o.decision.remaining,
-                reset: o.decision.reset_ms,
-                sequence: o.sequence,
-                current: merged.current,
-                previous: merged.previous,
-                peers: o.peers,
-            }
-        })
-        .collect();
-    Ok(Json(DecideResponse {
-        success: answer.success,
-        sequence: results.first().map_or(0, |r| r.sequence),
-        results,
-    }))
+    Ok(Json(gw.limiter.respond(&request, &answer)))
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -309,8 +260,10 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let (local_windows, local_evictions) = gw.limiter.local.stats();
+    let (unreplayed, replay_lost) = gw.limiter.local.replay_state();
     let mut text = gw.limiter.metrics.render(Gauges {
-        replay_queue_cells: gw.limiter.replay.len(),
+        replay_queue_cells: unreplayed,
+        replay_lost,
         local_windows,
         local_evictions,
         breaker_open: gw.limiter.origin.breaker_open(),

@@ -22,8 +22,6 @@ pub const DEFAULT_REGION: &str = "local";
 pub const DEFAULT_ORIGIN_TIMEOUT: Duration = Duration::from_millis(300);
 /// Default pause between replay batches.
 pub const DEFAULT_REPLAY_INTERVAL: Duration = Duration::from_millis(100);
-/// Default bound on cells waiting for replay.
-pub const DEFAULT_REPLAY_QUEUE: usize = 100_000;
 /// Default bound on window keys held in the gateway's local tables.
 pub const DEFAULT_TABLE_CAPACITY: usize = 1_000_000;
 
@@ -59,10 +57,10 @@ pub struct Cli {
     /// File of `token=workspace` pairs, one per line (`#` starts a comment).
     #[arg(long, env = "STRATA_TOKENS_FILE", value_name = "FILE")]
     pub tokens_file: Option<PathBuf>,
-    /// How long an origin answer keeps a local cell fresh [default: 5s].
+    /// How long a lease from an origin decision lets a process pass requests locally [default: 5s].
     #[arg(long, env = "STRATA_FRESH_FOR", value_name = "DURATION")]
     pub fresh_for: Option<String>,
-    /// After a failed origin read, how long a cell is decided locally before the next try [default: 300ms].
+    /// After a failed origin call, how long a cell is decided locally before the next try [default: 300ms].
     #[arg(long, env = "STRATA_READ_RETRY", value_name = "DURATION")]
     pub read_retry: Option<String>,
     /// Bound on one origin call; past it the call fails and decisions fall back to local [default: 300ms].
@@ -71,15 +69,9 @@ pub struct Cli {
     /// Pause between replay batches of accepted requests to the origin [default: 100ms].
     #[arg(long, env = "STRATA_REPLAY_INTERVAL", value_name = "DURATION")]
     pub replay_interval: Option<String>,
-    /// Most cells waiting for replay; overflow is counted and logged [default: 100000].
-    #[arg(long, env = "STRATA_REPLAY_QUEUE", value_name = "CELLS")]
-    pub replay_queue: Option<usize>,
     /// Most window keys held in local memory [default: 1000000].
     #[arg(long, env = "STRATA_TABLE_CAPACITY", value_name = "KEYS")]
     pub table_capacity: Option<usize>,
-    /// Send near-limit passes to the origin (`off` measures the design without it) [default: on].
-    #[arg(long, env = "STRATA_BAND", value_name = "on|off")]
-    pub band: Option<String>,
     /// Global table: mysql://user@host/db, or sqlite://path [default: sqlite://<data-dir>/global.db].
     #[arg(
         long,
@@ -133,9 +125,7 @@ struct FileConfig {
     read_retry: Option<String>,
     origin_timeout: Option<String>,
     replay_interval: Option<String>,
-    replay_queue: Option<usize>,
     table_capacity: Option<usize>,
-    band: Option<String>,
     database_url: Option<String>,
     data_dir: Option<PathBuf>,
     flush_interval: Option<String>,
@@ -180,7 +170,7 @@ pub struct Settings {
     pub redis_url: Option<String>,
     /// Token → workspace. Empty: loopback-only, workspace `default`.
     pub tokens: HashMap<String, String>,
-    /// Freshness of an origin answer.
+    /// How long a lease may be used.
     pub fresh_for: Duration,
     /// Local-only period after a failed read.
     pub read_retry: Duration,
@@ -188,12 +178,8 @@ pub struct Settings {
     pub origin_timeout: Duration,
     /// Pause between replay batches.
     pub replay_interval: Duration,
-    /// Most cells waiting for replay.
-    pub replay_queue: usize,
     /// Most window keys in local memory.
     pub table_capacity: usize,
-    /// Whether near-limit passes go to the origin.
-    pub band: bool,
     /// The global table's URL.
     pub database_url: String,
     /// Pause between flushes.
@@ -217,13 +203,11 @@ impl Default for Settings {
             region: Region::new(DEFAULT_REGION).unwrap_or_else(|_| unreachable!()),
             redis_url: None,
             tokens: HashMap::new(),
-            fresh_for: Duration::from_millis(strata_core::origin::DEFAULT_FRESH_FOR_MS),
+            fresh_for: Duration::from_millis(strata_core::origin::DEFAULT_LEASE_MS),
             read_retry: Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS),
             origin_timeout: DEFAULT_ORIGIN_TIMEOUT,
             replay_interval: DEFAULT_REPLAY_INTERVAL,
-            replay_queue: DEFAULT_REPLAY_QUEUE,
             table_capacity: DEFAULT_TABLE_CAPACITY,
-            band: true,
             database_url: "sqlite://strata-data/global.db".into(),
             flush_interval: Duration::from_secs(5),
             sync_interval: Duration::from_secs(5),
@@ -359,11 +343,6 @@ impl Settings {
             Some(n) => Ok(n),
             None => Ok(default),
         };
-        let band = match cli.band.or(file.band).as_deref().map(str::trim) {
-            None | Some("on") => true,
-            Some("off") => false,
-            Some(other) => return Err(err("--band", format_args!("{other:?} must be on or off"))),
-        };
         let data_dir = cli
             .data_dir
             .or(file.data_dir)
@@ -417,7 +396,6 @@ impl Settings {
                 cli.cleanup_interval.or(file.cleanup_interval),
                 d.cleanup_interval,
             )?,
-            band,
             listen,
             region,
             redis_url,
@@ -437,11 +415,6 @@ impl Settings {
                 "--replay-interval",
                 cli.replay_interval.or(file.replay_interval),
                 d.replay_interval,
-            )?,
-            replay_queue: positive(
-                "--replay-queue",
-                cli.replay_queue.or(file.replay_queue),
-                d.replay_queue,
             )?,
             table_capacity: positive(
                 "--table-capacity",
@@ -513,7 +486,7 @@ mod tests {
             (vec!["--redis-url", "http://x"], "--redis-url"),
             (vec!["--tokens", "short=acme"], "--tokens"),
             (vec!["--tokens", "long-enough-token"], "--tokens"),
-            (vec!["--replay-queue", "0"], "--replay-queue"),
+            (vec!["--table-capacity", "0"], "--table-capacity"),
         ] {
             let e = Settings::from_cli(cli(&args)).unwrap_err();
             assert_eq!(e.setting, setting, "{args:?}: {e}");

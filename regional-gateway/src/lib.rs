@@ -7,10 +7,9 @@
 //! | [`config`] | flags, environment, TOML file; validation |
 //! | [`api`] | routes, the JSON body extractor, handlers |
 //! | [`auth`] | bearer tokens → workspaces |
-//! | [`limiter`] | the decision flow: local, origin read, replay queue |
+//! | [`limiter`] | the decision flow over the core's request path, and replay |
 //! | [`local`] | the core's table, sharded behind mutexes |
 //! | [`origin`] | the regional origin backends, with timeout, breaker and metrics |
-//! | [`replay`] | the bounded queue of accepted cost per cell |
 //! | [`breaker`] | the failure-ratio circuit breaker |
 //! | [`metrics`] | Prometheus counters and their text |
 //! | [`clock`] | system or manual time |
@@ -27,7 +26,6 @@ pub mod limiter;
 pub mod local;
 pub mod metrics;
 pub mod origin;
-pub mod replay;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,7 +44,6 @@ use crate::limiter::Limiter;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
 use crate::origin::{MemoryOrigin, Origin, OriginClient, RedisOrigin};
-use crate::replay::ReplayQueue;
 
 /// How often expired cells leave local memory and the embedded origin.
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
@@ -88,11 +85,8 @@ impl Gateway {
             ),
         };
         let policy = OriginPolicy {
-            fresh_for_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),
+            lease_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),
             read_retry_ms: u64::try_from(settings.read_retry.as_millis()).unwrap_or(u64::MAX),
-            replay_interval_ms: u64::try_from(settings.replay_interval.as_millis())
-                .unwrap_or(u64::MAX),
-            band: settings.band,
         };
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let store = Store::connect(
@@ -127,11 +121,14 @@ impl Gateway {
         );
         let limiter = Limiter::new(
             LocalTables::new(settings.table_capacity, threads * 8, policy),
-            OriginClient::new(origin, settings.origin_timeout, metrics.clone()),
-            ReplayQueue::new(settings.replay_queue),
+            OriginClient::new(
+                origin,
+                settings.origin_timeout,
+                policy.lease_ms,
+                metrics.clone(),
+            ),
             metrics,
             clock,
-            policy,
             global,
         );
         Ok(Arc::new(Self {
@@ -158,7 +155,7 @@ pub fn app(gateway: Arc<Gateway>) -> axum::Router {
 
 /// Serves `gateway` on `listener` until `shutdown` completes, with the replay and janitor
 /// loops alongside; on shutdown, stops accepting, finishes in-flight requests, then drains the
-/// replay queue to the origin.
+/// replay buffer to the origin.
 pub async fn run(
     gateway: Arc<Gateway>,
     listener: TcpListener,
@@ -167,14 +164,12 @@ pub async fn run(
     let (stop, stopped) = watch::channel(false);
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
-    let presence = tokio::spawn(presence_loop(gateway.clone(), stopped.clone()));
     let global = tokio::spawn(global_loops(gateway.clone(), stopped));
     let served = axum::serve(listener, app(gateway.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     let _ = stop.send(true);
     let _ = janitor.await;
-    let _ = presence.await;
     let _ = global.await;
     if replay.await.is_err() {
         tracing::error!("replay loop ended abnormally");
@@ -192,39 +187,57 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
         }
         // Send full batches back to back; wait for the next tick after a short or failed one.
         while gateway.limiter.replay_once().await
-            && gateway.limiter.replay.len() >= strata_core::wire::MAX_BATCH
+            && gateway.limiter.unreplayed() >= strata_core::wire::MAX_BATCH
         {}
     }
-    let pending = gateway.limiter.replay.len();
-    while !gateway.limiter.replay.is_empty() {
+    let pending = gateway.limiter.unreplayed();
+    while gateway.limiter.unreplayed() > 0 {
         if !gateway.limiter.replay_once().await {
             break;
         }
     }
-    let left = gateway.limiter.replay.len();
+    let left = gateway.limiter.unreplayed();
     if left > 0 {
         tracing::error!(
             cells = left,
             "shutdown: replay could not be delivered; these counts are lost"
         );
     } else {
-        tracing::info!(cells = pending, "shutdown: replay queue drained");
+        tracing::info!(cells = pending, "shutdown: replay delivered");
     }
 }
 
-/// The next instant of a cadence anchored to absolute targets: `target` advances by whole
-/// intervals (a slow run does not drift it), and each firing adds a fresh random share of
-/// `jitter` so a fleet's gateways do not flush in lockstep.
-fn next_firing(
-    target: &mut tokio::time::Instant,
+/// A cadence anchored to absolute targets: the target advances by whole intervals (a slow run
+/// does not drift it), and each firing adds a fresh random share of `jitter` so a fleet's
+/// gateways do not flush in lockstep. Each cadence keeps its own pending firing: computing it
+/// again on every loop pass would skip one cadence's firing whenever another's fired first.
+struct Cadence {
+    target: tokio::time::Instant,
     interval: Duration,
     jitter: f64,
-) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    while *target <= now {
-        *target += interval;
+    due: tokio::time::Instant,
+}
+
+impl Cadence {
+    fn new(start: tokio::time::Instant, interval: Duration, jitter: f64) -> Self {
+        let mut c = Self {
+            target: start,
+            interval,
+            jitter,
+            due: start,
+        };
+        c.advance();
+        c
     }
-    *target + interval.mul_f64(jitter * rand::random::<f64>())
+
+    /// Schedules the firing after the one that just happened (or after the start).
+    fn advance(&mut self) {
+        let now = tokio::time::Instant::now();
+        while self.target <= now {
+            self.target += self.interval;
+        }
+        self.due = self.target + self.interval.mul_f64(self.jitter * rand::random::<f64>());
+    }
 }
 
 /// Flush, sync and cleanup of the global table, each on its own cadence; errors are logged,
@@ -232,34 +245,36 @@ fn next_firing(
 async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
     let s = &gateway.settings;
     let start = tokio::time::Instant::now();
-    let (mut flush_at, mut sync_at, mut clean_at) = (start, start, start);
+    let mut flush = Cadence::new(start, s.flush_interval, s.sync_jitter);
+    let mut sync = Cadence::new(start, s.sync_interval, s.sync_jitter);
+    let mut clean = Cadence::new(start, s.cleanup_interval, 0.0);
     let mut migrated = false;
     loop {
-        let flush = next_firing(&mut flush_at, s.flush_interval, s.sync_jitter);
-        let sync = next_firing(&mut sync_at, s.sync_interval, s.sync_jitter);
-        let clean = next_firing(&mut clean_at, s.cleanup_interval, 0.0);
         let limiter = &gateway.limiter;
         let global = &limiter.global;
         if !migrated {
             migrated = global.store.migrate().await.is_ok();
         }
         tokio::select! {
-            _ = tokio::time::sleep_until(flush) => {
+            _ = tokio::time::sleep_until(flush.due) => {
                 if let Err(e) = global.flush_once(limiter.clock.now_ms()).await {
                     tracing::warn!(error = %e, "global flush failed; retrying next tick");
                 }
+                flush.advance();
             }
-            _ = tokio::time::sleep_until(sync) => {
+            _ = tokio::time::sleep_until(sync.due) => {
                 if let Err(e) = global.sync_once(&limiter.local, limiter.clock.now_ms()).await {
                     tracing::warn!(error = %e, "global sync failed; retrying next tick");
                 }
+                sync.advance();
             }
-            _ = tokio::time::sleep_until(clean) => {
+            _ = tokio::time::sleep_until(clean.due) => {
                 match global.store.cleanup(limiter.clock.now_ms(), 1_000, 10).await {
                     Ok(n) if n > 0 => tracing::debug!(rows = n, "global cleanup"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "global cleanup failed"),
                 }
+                clean.advance();
             }
             _ = stopped.changed() => break,
         }
@@ -271,23 +286,6 @@ async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
         .await
     {
         tracing::warn!(error = %e, "shutdown: last global flush failed");
-    }
-}
-
-/// Every second, tells the region this process is live and learns how many are: the peers
-/// prior for keys new at the origin (a new key may be about to be hit by all of them).
-async fn presence_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopped.changed() => break,
-        }
-        let limiter = &gateway.limiter;
-        limiter
-            .origin
-            .presence(&limiter.instance, limiter.clock.now_ms())
-            .await;
     }
 }
 
@@ -304,5 +302,33 @@ async fn janitor_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
         if local + origin > 0 {
             tracing::debug!(local, origin, "janitor dropped expired cells");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flush and sync share an interval by default: each must fire every period (recomputing
+    /// both deadlines on every loop pass skipped one whenever the other fired first).
+    #[tokio::test(start_paused = true)]
+    async fn cadences_sharing_an_interval_each_fire_every_period() {
+        let start = tokio::time::Instant::now();
+        let second = Duration::from_secs(1);
+        let (mut flush, mut sync) = (
+            Cadence::new(start, second, 0.2),
+            Cadence::new(start, second, 0.2),
+        );
+        let (mut flushes, mut syncs) = (0, 0);
+        while tokio::time::Instant::now() < start + 10 * second {
+            tokio::select! {
+                _ = tokio::time::sleep_until(flush.due) => { flushes += 1; flush.advance(); }
+                _ = tokio::time::sleep_until(sync.due) => { syncs += 1; sync.advance(); }
+            }
+        }
+        assert!(
+            flushes >= 9 && syncs >= 9,
+            "flushes {flushes}, syncs {syncs}"
+        );
     }
 }

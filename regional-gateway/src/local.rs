@@ -84,6 +84,30 @@ impl LocalTables {
         })
     }
 
+    /// Up to `max` cells holding own cost the origin has not acknowledged, over all shards.
+    pub fn take_replay(&self, max: usize, now_ms: u64) -> strata_core::replay::ReplayBatch {
+        let mut batch = strata_core::replay::ReplayBatch::default();
+        for i in 0..self.shards.len() {
+            let left = max.saturating_sub(batch.len());
+            if left == 0 {
+                break;
+            }
+            batch
+                .events
+                .extend(self.guard(i).take_replay(left, now_ms).events);
+        }
+        batch
+    }
+
+    /// Cells holding unacknowledged own cost, and own cost lost before acknowledgement
+    /// (evicted or aged out), over all shards.
+    pub fn replay_state(&self) -> (usize, u64) {
+        (0..self.shards.len()).fold((0, 0), |(cells, lost), i| {
+            let g = self.guard(i);
+            (cells + g.unreplayed_cells(), lost + g.stats().replay_lost)
+        })
+    }
+
     /// Drops expired entries from every shard, a bounded scan each; returns how many.
     pub fn purge_expired(&self, now_ms: u64, max_scan_per_shard: usize) -> usize {
         (0..self.shards.len())

@@ -11,7 +11,11 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Logs go to stderr (stdout stays free for a subcommand's output), coloured only on a
+    // terminal.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )

@@ -24,9 +24,9 @@ const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
-const REASONS: [&str; 4] = ["cold", "stale", "strict", "band"];
-/// Upper bounds of the band size histogram, in cost units.
-const BAND_BUCKETS: [f64; 10] = [
+const REASONS: [&str; 4] = ["cold", "stale", "strict", "lease"];
+/// Upper bounds of the lease size histogram, in cost units.
+const LEASE_BUCKETS: [f64; 10] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1_000.0, 10_000.0,
 ];
 
@@ -43,21 +43,21 @@ pub struct Metrics {
     decisions: [[AtomicU64; 2]; 3],
     origin_calls: [[AtomicU64; RESULTS.len()]; OPS.len()],
     origin_latency: [Histogram; OPS.len()],
-    reads_coalesced: AtomicU64,
     origin_reasons: [AtomicU64; REASONS.len()],
-    band_buckets: [AtomicU64; BAND_BUCKETS.len()],
-    band_count: AtomicU64,
-    band_sum: AtomicU64,
+    lease_buckets: [AtomicU64; LEASE_BUCKETS.len()],
+    lease_count: AtomicU64,
+    lease_sum: AtomicU64,
     replay_cells: AtomicU64,
-    replay_dropped: AtomicU64,
     replay_failed_batches: AtomicU64,
 }
 
 /// Values sampled when rendering (owned by other parts of the gateway).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Gauges {
-    /// Cells waiting for replay.
+    /// Cells whose own count the origin has not acknowledged yet.
     pub replay_queue_cells: usize,
+    /// Own cost lost before acknowledgement.
+    pub replay_lost: u64,
     /// Window keys in local memory.
     pub local_windows: usize,
     /// Window keys evicted from local memory so far.
@@ -123,22 +123,26 @@ impl Metrics {
             .sum()
     }
 
-    /// A decision that went to the origin, why, and the band at the time.
-    pub fn origin_reason(&self, reason: strata_core::Reason, band: u64) {
+    /// A decision that went to the origin, and why.
+    pub fn origin_reason(&self, reason: strata_core::Reason) {
         let r = match reason {
             strata_core::Reason::Cold => 0,
             strata_core::Reason::Stale => 1,
             strata_core::Reason::Strict => 2,
-            strata_core::Reason::Band => 3,
+            strata_core::Reason::Lease => 3,
         };
         self.origin_reasons[r].fetch_add(1, Ordering::Relaxed);
-        for (bound, bucket) in BAND_BUCKETS.iter().zip(&self.band_buckets) {
-            if band as f64 <= *bound {
+    }
+
+    /// A lease this gateway's origin granted (to itself or an edge).
+    pub fn lease_granted(&self, lease: u64) {
+        for (bound, bucket) in LEASE_BUCKETS.iter().zip(&self.lease_buckets) {
+            if lease as f64 <= *bound {
                 bucket.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.band_count.fetch_add(1, Ordering::Relaxed);
-        self.band_sum.fetch_add(band, Ordering::Relaxed);
+        self.lease_count.fetch_add(1, Ordering::Relaxed);
+        self.lease_sum.fetch_add(lease, Ordering::Relaxed);
     }
 
     /// Requests sent to the origin for `reason` so far.
@@ -150,27 +154,12 @@ impl Metrics {
         self.origin_reasons[i].load(Ordering::Relaxed)
     }
 
-    /// A request that waited for another request's read of the same cells.
-    pub fn read_coalesced(&self) {
-        self.reads_coalesced.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Cells delivered to the origin by replay.
     pub fn replayed(&self, cells: usize) {
         self.replay_cells.fetch_add(cells as u64, Ordering::Relaxed);
     }
 
-    /// Replay events dropped because the queue was full.
-    pub fn replay_dropped(&self, events: u64) {
-        self.replay_dropped.fetch_add(events, Ordering::Relaxed);
-    }
-
-    /// Replay drops so far.
-    pub fn replay_drops(&self) -> u64 {
-        self.replay_dropped.load(Ordering::Relaxed)
-    }
-
-    /// A replay batch that failed and was put back.
+    /// A replay batch that failed (its counts go out with the next).
     pub fn replay_failed(&self) {
         self.replay_failed_batches.fetch_add(1, Ordering::Relaxed);
     }
@@ -190,7 +179,7 @@ impl Metrics {
                 );
             }
         }
-        out.push_str("# HELP strata_origin_reasons_total Requests sent to the origin, by why: cold, stale, strict, or near the limit (band).\n");
+        out.push_str("# HELP strata_origin_reasons_total Requests sent to the origin, by why: cold, stale (lease expired), strict, or lease (used up).\n");
         out.push_str("# TYPE strata_origin_reasons_total counter\n");
         for (r, reason) in REASONS.iter().enumerate() {
             let _ = writeln!(
@@ -199,19 +188,19 @@ impl Metrics {
                 load(&self.origin_reasons[r])
             );
         }
-        out.push_str("# HELP strata_band_size Band (estimated unseen traffic of other processes) when a request went to the origin.\n");
-        out.push_str("# TYPE strata_band_size histogram\n");
-        for (bound, bucket) in BAND_BUCKETS.iter().zip(&self.band_buckets) {
+        out.push_str("# HELP strata_lease_size Leases granted by this gateway's origin decisions, in cost units.\n");
+        out.push_str("# TYPE strata_lease_size histogram\n");
+        for (bound, bucket) in LEASE_BUCKETS.iter().zip(&self.lease_buckets) {
             let _ = writeln!(
                 out,
-                "strata_band_size_bucket{{le=\"{bound}\"}} {}",
+                "strata_lease_size_bucket{{le=\"{bound}\"}} {}",
                 load(bucket)
             );
         }
-        let band_count = load(&self.band_count);
-        let _ = writeln!(out, "strata_band_size_bucket{{le=\"+Inf\"}} {band_count}");
-        let _ = writeln!(out, "strata_band_size_sum {}", load(&self.band_sum));
-        let _ = writeln!(out, "strata_band_size_count {band_count}");
+        let lease_count = load(&self.lease_count);
+        let _ = writeln!(out, "strata_lease_size_bucket{{le=\"+Inf\"}} {lease_count}");
+        let _ = writeln!(out, "strata_lease_size_sum {}", load(&self.lease_sum));
+        let _ = writeln!(out, "strata_lease_size_count {lease_count}");
         out.push_str("# HELP strata_origin_calls_total Calls to the regional origin by operation and result.\n");
         out.push_str("# TYPE strata_origin_calls_total counter\n");
         for (o, op) in OPS.iter().enumerate() {
@@ -251,13 +240,7 @@ impl Metrics {
                 "strata_origin_call_seconds_count{{op=\"{op}\"}} {count}"
             );
         }
-        let scalars: [(&str, &str, &str, String); 8] = [
-            (
-                "strata_origin_reads_coalesced_total",
-                "counter",
-                "Requests that shared another request's origin read.",
-                load(&self.reads_coalesced).to_string(),
-            ),
+        let scalars: [(&str, &str, &str, String); 7] = [
             (
                 "strata_replay_cells_total",
                 "counter",
@@ -267,19 +250,19 @@ impl Metrics {
             (
                 "strata_replay_dropped_total",
                 "counter",
-                "Accepted requests not replayed because the queue was full.",
-                load(&self.replay_dropped).to_string(),
+                "Accepted cost lost before the origin acknowledged it (evicted from a table full of unreplayed keys, or aged out while the origin was unreachable).",
+                g.replay_lost.to_string(),
             ),
             (
                 "strata_replay_failed_batches_total",
                 "counter",
-                "Replay batches that failed and were queued again.",
+                "Replay batches that failed (their counts go out with the next).",
                 load(&self.replay_failed_batches).to_string(),
             ),
             (
                 "strata_replay_queue_cells",
                 "gauge",
-                "Cells waiting for replay.",
+                "Cells whose own count the origin has not acknowledged yet.",
                 g.replay_queue_cells.to_string(),
             ),
             (

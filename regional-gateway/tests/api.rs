@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use common::{Backend, T0, TestGateway, gateway};
 use serde_json::json;
+use strata_core::Reason;
 use strata_core::wire::{MAX_BATCH, MAX_BODY_BYTES, MAX_MULTI_LIMITS};
 use strata_gateway::metrics::Source;
 
@@ -34,15 +35,17 @@ macro_rules! on_every_origin {
 }
 
 on_every_origin! {
-    origin_decide_is_atomic_all_or_nothing_and_counts_unseen(&[]),
+    origin_decide_is_atomic_all_or_nothing_and_counts_used(&[]),
+    origin_decide_leases_far_from_the_limit_and_not_at_the_last_unit(&[]),
     ratelimit_counts_then_denies_with_headers(&[]),
     cost_defaults_to_one_and_cost_zero_only_checks(&[]),
     multi_is_all_or_nothing(&[]),
     every_bad_input_gets_its_status_and_the_error_shape(&[]),
     tokens_are_required_and_bind_one_workspace(&[("token-aaaaaaaa", "acme"), ("token-bbbbbbbb", "globex")]),
     identities_built_to_collide_stay_apart(&[]),
-    replay_sums_events_per_cell_and_answers_in_request_order(&[]),
-    a_warm_key_is_decided_locally_after_one_cold_read(&[]),
+    replay_merges_cumulative_counts_and_answers_in_request_order(&[]),
+    the_same_replay_posted_twice_counts_once(&[]),
+    a_warm_key_is_decided_locally_under_its_lease(&[]),
     health_readiness_and_metrics_answer(&[]),
 }
 
@@ -88,9 +91,13 @@ async fn cost_defaults_to_one_and_cost_zero_only_checks(g: TestGateway) {
         g.post("/v1/ratelimit", None, body(Some(0))).await.body["remaining"],
         4
     );
+    // 4 left, as the check just answered: a request of cost 4 fits exactly.
+    let r = g.post("/v1/ratelimit", None, body(Some(4))).await;
     assert_eq!(
-        g.post("/v1/ratelimit", None, body(Some(4))).await.body["remaining"],
-        0
+        (r.body["success"].clone(), r.body["remaining"].clone()),
+        (json!(true), json!(0)),
+        "{}",
+        r.text
     );
 }
 
@@ -133,7 +140,10 @@ async fn every_bad_input_gets_its_status_and_the_error_shape(g: TestGateway) {
         ("/v1/ratelimit/multi", Body::from(json!({"limits": vec![ok_limit.clone(); MAX_MULTI_LIMITS + 1]}).to_string()), StatusCode::PAYLOAD_TOO_LARGE, "limits: 33 entries"),
         ("/v1/ratelimit/multi", Body::from(r#"{"limits":[]}"#), StatusCode::BAD_REQUEST, "limits: needs at least 1"),
         ("/v1/origin/read", Body::from(json!({"cells": vec![json!({"namespace":"n","identifier":"i","duration":1000,"sequence":1}); MAX_BATCH + 1]}).to_string()), StatusCode::PAYLOAD_TOO_LARGE, "cells: 1001 entries"),
-        ("/v1/origin/replay", Body::from(r#"{"events":[{"namespace":"n","identifier":"i","duration":1000,"sequence":1,"cost":-5,"limit":1}]}"#), StatusCode::BAD_REQUEST, "malformed JSON body"),
+        ("/v1/origin/replay", Body::from(r#"{"instance":"e","events":[{"namespace":"n","identifier":"i","duration":1000,"sequence":1,"used":-5,"limit":1}]}"#), StatusCode::BAD_REQUEST, "malformed JSON body"),
+        ("/v1/origin/replay", Body::from(r#"{"events":[]}"#), StatusCode::BAD_REQUEST, "missing field `instance`"),
+        ("/v1/origin/replay", Body::from(r#"{"instance":"not ok","events":[]}"#), StatusCode::BAD_REQUEST, "instance: must be"),
+        ("/v1/origin/replay", Body::from(r#"{"instance":"e","events":[{"namespace":"n","identifier":"i","duration":1000,"sequence":1,"cost":5,"limit":1}]}"#), StatusCode::BAD_REQUEST, "missing field `used`"),
         ("/v1/nope", Body::from("{}"), StatusCode::NOT_FOUND, "no such endpoint"),
     ];
     for (path, body, status, message) in cases {
@@ -169,26 +179,30 @@ async fn tokens_are_required_and_bind_one_workspace(g: TestGateway) {
     assert!(!g.limit(a, "shared-id", 2).await.0);
     assert_eq!(g.limit(b, "shared-id", 2).await, (true, 1));
 
-    // globex can neither read acme's counters nor move them.
+    // globex can neither read acme's counters nor move them. (Local passes delivered first,
+    // so the origin holds each workspace's whole count.)
+    assert!(g.gateway.limiter.replay_once().await);
     let seq = T0 / 60_000;
     let cell = json!({"cells":[{"namespace":"api","identifier":"shared-id","duration":60_000,"sequence":seq}]});
-    let replay = json!({"events":[{"namespace":"api","identifier":"shared-id","duration":60_000,"sequence":seq,"cost":50,"limit":2}]});
+    let replay = json!({"instance":"edge-1","events":[{"namespace":"api","identifier":"shared-id","duration":60_000,"sequence":seq,"used":50,"limit":2}]});
     assert_eq!(
         g.post("/v1/origin/replay", a, replay.clone()).await.body["cells"][0]["regional"],
-        50
+        52,
+        "acme's 2 passes and the edge's 50"
     );
     assert_eq!(
         g.post("/v1/origin/read", b, cell.clone()).await.body["cells"][0]["regional"],
-        0
+        1,
+        "its own cell: its one pass"
     );
     assert_eq!(
         g.post("/v1/origin/replay", b, replay).await.body["cells"][0]["regional"],
-        50,
+        51,
         "its own cell"
     );
     assert_eq!(
         g.post("/v1/origin/read", a, cell).await.body["cells"][0]["regional"],
-        50,
+        52,
         "acme's unchanged"
     );
 }
@@ -232,20 +246,31 @@ async fn identities_built_to_collide_stay_apart(g: TestGateway) {
     );
 }
 
-async fn replay_sums_events_per_cell_and_answers_in_request_order(g: TestGateway) {
-    let ev = |id: &str, cost: u64| json!({"namespace":"api","identifier":id,"duration":1_000,"sequence":7,"cost":cost,"limit":10});
+async fn replay_merges_cumulative_counts_and_answers_in_request_order(g: TestGateway) {
+    let ev = |id: &str, used: u64| json!({"namespace":"api","identifier":id,"duration":1_000,"sequence":7,"used":used,"limit":10});
+    let replay = |instance: &str, events: Vec<serde_json::Value>| json!({"instance":instance,"events":events});
+    // `used` is the instance's cumulative count: merged with max, so a's 1 then 2 is 2.
     let r = g
         .post(
             "/v1/origin/replay",
             None,
-            json!({"events":[ev("a",1), ev("b",5), ev("a",2)]}),
+            replay("edge-1", vec![ev("a", 1), ev("b", 5), ev("a", 2)]),
         )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(
         r.body,
-        json!({"cells":[{"regional":3,"global":0},{"regional":5,"global":0},{"regional":3,"global":0}]})
+        json!({"cells":[{"regional":1,"global":0},{"regional":5,"global":0},{"regional":2,"global":0}]})
     );
+    // Another instance's count adds to the cell's.
+    let r = g
+        .post(
+            "/v1/origin/replay",
+            None,
+            replay("edge-2", vec![ev("a", 3)]),
+        )
+        .await;
+    assert_eq!(r.body["cells"][0]["regional"], 5);
     let cell = |id: &str, seq: u64| json!({"namespace":"api","identifier":id,"duration":1_000,"sequence":seq});
     let r = g
         .post(
@@ -255,21 +280,66 @@ async fn replay_sums_events_per_cell_and_answers_in_request_order(g: TestGateway
         )
         .await;
     assert_eq!(r.body["cells"][0]["regional"], 5);
-    assert_eq!(r.body["cells"][1]["regional"], 3);
+    assert_eq!(r.body["cells"][1]["regional"], 5);
     assert_eq!(r.body["cells"][2]["regional"], 0);
     let empty = g.post("/v1/origin/read", None, json!({"cells":[]})).await;
     assert_eq!(empty.body, json!({"cells":[]}));
+    let none = g
+        .post("/v1/origin/replay", None, replay("edge-1", vec![]))
+        .await;
+    assert_eq!(none.body, json!({"cells":[]}));
 }
 
-async fn a_warm_key_is_decided_locally_after_one_cold_read(g: TestGateway) {
-    for _ in 0..50 {
+/// A replay that timed out after the origin applied it is sent again: it counts once.
+async fn the_same_replay_posted_twice_counts_once(g: TestGateway) {
+    let seq = T0 / 60_000;
+    let body = json!({"instance":"edge-1","events":[
+        {"namespace":"api","identifier":"twice","duration":60_000,"sequence":seq,"used":4,"limit":10},
+        {"namespace":"api","identifier":"other","duration":60_000,"sequence":seq,"used":1,"limit":10}]});
+    let first = g.post("/v1/origin/replay", None, body.clone()).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text);
+    assert_eq!(first.body["cells"][0]["regional"], 4);
+    let again = g.post("/v1/origin/replay", None, body).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.body, first.body, "the count did not change");
+    let read = g
+        .post(
+            "/v1/origin/read",
+            None,
+            json!({"cells":[{"namespace":"api","identifier":"twice","duration":60_000,"sequence":seq}]}),
+        )
+        .await;
+    assert_eq!(read.body["cells"][0]["regional"], 4);
+    // And decisions see 4 of 10 used: 6 left, less this request.
+    assert_eq!(g.limit(None, "twice", 10).await, (true, 5));
+}
+
+async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
+    let fresh_for = g.gateway.settings.fresh_for.as_millis() as u64;
+    let requests = 50;
+    for _ in 0..requests {
         assert!(g.limit(None, "far-from-limit", 1_000).await.0);
-        g.clock.advance(50); // 2.5 s in all: within the 5 s freshness
+        g.clock.advance(50); // 2.5 s in all: within the lease lifetime
     }
+    assert!(requests * 50 < fresh_for);
     let m = &g.gateway.limiter.metrics;
-    assert_eq!(m.origin_calls("read"), 1, "only the cold read");
-    assert_eq!(m.decisions(Source::Origin), 1);
-    assert_eq!(m.decisions(Source::Local), 49);
+    let at_origin = m.decisions(Source::Origin);
+    assert_eq!(m.origin_calls("read"), 0, "decisions never read");
+    assert_eq!(m.origin_calls("decide"), at_origin);
+    assert_eq!(m.origin_reasons(Reason::Cold), 1);
+    assert_eq!(
+        m.origin_reasons(Reason::Lease),
+        at_origin - 1,
+        "only when a lease ran out"
+    );
+    // A lease at least twice the last each time: at most log2(50) + 1 decisions.
+    assert!((1..=7).contains(&at_origin), "{at_origin}");
+    assert_eq!(m.decisions(Source::Local), requests - at_origin);
+    // Once the lease expired, the next request asks the origin again.
+    g.clock.advance(fresh_for);
+    assert!(g.limit(None, "far-from-limit", 1_000).await.0);
+    assert_eq!(m.origin_reasons(Reason::Stale), 1);
+    assert_eq!(m.decisions(Source::Origin), at_origin + 1);
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {
@@ -277,13 +347,18 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     let ready = g.get("/readyz").await;
     assert_eq!(ready.status, StatusCode::OK);
     assert_eq!(ready.body["origin"], g.gateway.limiter.origin.kind());
+    // Limit 1: the cold request passes at the origin (with no lease: nothing is left), the
+    // next is denied from local memory.
     g.limit(None, "m", 1).await;
     g.limit(None, "m", 1).await;
+    // Limit 1,000: the second passes locally under the lease, and waits for the replay.
+    g.limit(None, "q", 1_000).await;
+    g.limit(None, "q", 1_000).await;
     let m = g.get("/metrics").await;
     assert_eq!(m.status, StatusCode::OK);
     assert!(
         m.text
-            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 1"),
+            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 2"),
         "{}",
         m.text
     );
@@ -293,11 +368,28 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
         "{}",
         m.text
     );
-    assert!(m.text.contains("strata_replay_queue_cells 1"));
+    assert!(
+        m.text
+            .contains("strata_decisions_total{source=\"local\",outcome=\"allowed\"} 1"),
+        "{}",
+        m.text
+    );
+    assert!(
+        m.text
+            .contains("strata_origin_reasons_total{reason=\"cold\"} 2")
+    );
+    assert!(m.text.contains("strata_lease_size_count 2"));
+    assert!(m.text.contains("strata_replay_queue_cells 1"), "{}", m.text);
+    assert!(m.text.contains("strata_replay_cells_total 0"));
     assert!(m.text.contains("strata_origin_up 1"));
+    assert!(g.gateway.limiter.replay_once().await);
+    let m = g.get("/metrics").await;
+    assert!(m.text.contains("strata_replay_queue_cells 0"), "{}", m.text);
+    assert!(m.text.contains("strata_replay_cells_total 1"));
 }
 
-async fn origin_decide_is_atomic_all_or_nothing_and_counts_unseen(g: TestGateway) {
+async fn origin_decide_is_atomic_all_or_nothing_and_counts_used(g: TestGateway) {
+    let lease_ms = g.gateway.settings.fresh_for.as_millis() as u64;
     let limit = |id: &str, limit: u64, cost: u64| json!({"namespace":"api","identifier":id,"limit":limit,"duration":60_000,"cost":cost});
     let decide = |limits: Vec<serde_json::Value>| json!({"instance":"edge-7f3a","limits":limits});
     let r = g
@@ -311,7 +403,12 @@ async fn origin_decide_is_atomic_all_or_nothing_and_counts_unseen(g: TestGateway
     assert_eq!(first["remaining"], 1);
     assert_eq!(first["current"]["regional"], 2, "counted at the origin");
     assert_eq!(first["previous"]["regional"], 0);
-    assert!(first["peers"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        first["used"], 0,
+        "a pass decided there is no local pass of the caller's"
+    );
+    assert_eq!(first["lease"], 0, "none asked for");
+    assert_eq!(first["lease_ms"], lease_ms);
 
     // Denied: nothing counted.
     let r = g
@@ -337,17 +434,23 @@ async fn origin_decide_is_atomic_all_or_nothing_and_counts_unseen(g: TestGateway
     );
     assert_eq!(r.body["results"][0]["remaining"], 10);
 
-    // `unseen` counts as used: 2 held + 1 unseen + 1 > 3.
-    let mut with_unseen = limit("d", 3, 1);
-    with_unseen["unseen"] = json!(1);
+    // `used` is the caller's cumulative local count, not replayed yet: merged into the count
+    // before deciding. 2 decided + 1 used + 1 > 3.
+    let mut with_used = limit("d", 3, 1);
+    with_used["used"] = json!(1);
     let r = g
-        .post("/v1/origin/decide", None, decide(vec![with_unseen]))
+        .post("/v1/origin/decide", None, decide(vec![with_used.clone()]))
         .await;
-    assert_eq!(r.body["success"], false);
-    let r = g
-        .post("/v1/origin/decide", None, decide(vec![limit("d", 3, 1)]))
-        .await;
-    assert_eq!(r.body["success"], true, "without it, the last unit fits");
+    assert_eq!(r.body["success"], false, "{}", r.text);
+    assert_eq!(r.body["results"][0]["current"]["regional"], 3);
+    assert_eq!(r.body["results"][0]["used"], 1);
+    // Reported again, it counts once: a cost-0 check still fits.
+    let mut check = with_used;
+    check["cost"] = json!(0);
+    let r = g.post("/v1/origin/decide", None, decide(vec![check])).await;
+    assert_eq!(r.body["success"], true, "{}", r.text);
+    assert_eq!(r.body["results"][0]["current"]["regional"], 3);
+    assert_eq!(r.body["results"][0]["remaining"], 0);
 
     // Validation like every other endpoint.
     let bad = json!({"instance":"not ok","limits":[limit("d", 3, 1)]});
@@ -365,4 +468,114 @@ async fn origin_decide_is_atomic_all_or_nothing_and_counts_unseen(g: TestGateway
         g.post("/v1/origin/decide", None, none).await.status,
         StatusCode::BAD_REQUEST
     );
+}
+
+async fn origin_decide_leases_far_from_the_limit_and_not_at_the_last_unit(g: TestGateway) {
+    let lease_ms = g.gateway.settings.fresh_for.as_millis() as u64;
+    let decide = |instance: &str, id: &str, limit: u64, cost: u64, want: u64, used: u64| {
+        json!({"instance":instance,"limits":[{"namespace":"api","identifier":id,"limit":limit,
+            "duration":60_000,"cost":cost,"want":want,"used":used}]})
+    };
+    // Far from the limit, the lease asked for is granted, for the lease lifetime.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-a", "far", 1_000, 1, 10, 0),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let far = &r.body["results"][0];
+    assert_eq!(far["success"], true);
+    let lease = far["lease"].as_u64().unwrap();
+    assert_eq!(lease, 10, "{}", r.text);
+    assert_eq!(far["lease_ms"], lease_ms);
+    assert_eq!(far["used"], 0);
+    let lease_id = far["lease_id"].as_u64().unwrap();
+    assert!(lease_id > 0, "a lease has an id: {}", r.text);
+    // A live lease counts as used for everyone else: another edge has the limit less the first
+    // pass, the lease and its own cost.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-b", "far", 1_000, 1, 0, 0),
+        )
+        .await;
+    assert_eq!(r.body["results"][0]["remaining"], 1_000 - 1 - lease - 1);
+    // The holder reports its lease used up: the local passes are counted, and no longer
+    // reserved on top.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-a", "far", 1_000, 1, 0, lease),
+        )
+        .await;
+    let used = &r.body["results"][0];
+    assert_eq!(used["success"], true);
+    assert_eq!(used["used"], lease);
+    assert_eq!(used["current"]["regional"], 1 + 1 + lease + 1);
+    assert_eq!(used["remaining"], 1_000 - (1 + 1 + lease + 1));
+
+    // A lease given back with the replay stops being reserved; an id naming an older grant
+    // gives nothing back.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-c", "back", 1_000, 1, 10, 0),
+        )
+        .await;
+    let (held, id) = (
+        r.body["results"][0]["lease"].as_u64().unwrap(),
+        r.body["results"][0]["lease_id"].as_u64().unwrap(),
+    );
+    assert!(held > 0 && id > 0, "{}", r.text);
+    let left = async |g: &TestGateway| {
+        let r = g
+            .post(
+                "/v1/origin/decide",
+                None,
+                decide("edge-d", "back", 1_000, 0, 0, 0),
+            )
+            .await;
+        r.body["results"][0]["remaining"].as_u64().unwrap()
+    };
+    assert_eq!(left(&g).await, 1_000 - 1 - held);
+    let replay = |release: u64| {
+        json!({"instance":"edge-c","events":[{"namespace":"api","identifier":"back",
+            "duration":60_000,"sequence":T0 / 60_000,"used":0,"limit":1_000,"release":release}]})
+    };
+    let r = g.post("/v1/origin/replay", None, replay(id - 1)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        left(&g).await,
+        1_000 - 1 - held,
+        "an older id releases nothing"
+    );
+    g.post("/v1/origin/replay", None, replay(id)).await;
+    assert_eq!(left(&g).await, 1_000 - 1, "given back");
+
+    // At the last unit: it passes, and nothing is left to lease.
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-a", "last", 5, 4, 0, 0),
+        )
+        .await;
+    assert_eq!(r.body["results"][0]["remaining"], 1);
+    let r = g
+        .post(
+            "/v1/origin/decide",
+            None,
+            decide("edge-b", "last", 5, 1, 10, 0),
+        )
+        .await;
+    let last = &r.body["results"][0];
+    assert_eq!(last["success"], true, "{}", r.text);
+    assert_eq!(last["remaining"], 0);
+    assert_eq!(last["lease"], 0);
+    assert_eq!(last["lease_id"], 0);
 }

@@ -14,18 +14,20 @@ mod common;
 use axum::body::Body;
 use common::embedded;
 
-const SEEDS: [&str; 5] = [
+const SEEDS: [&str; 6] = [
     r#"{"namespace":"api","identifier":"u","limit":5,"duration":60000,"cost":1}"#,
     r#"{"limits":[{"namespace":"a","identifier":"b","limit":1,"duration":1000}]}"#,
     r#"{"cells":[{"namespace":"a","identifier":"b","duration":1000,"sequence":5}]}"#,
-    r#"{"events":[{"namespace":"a","identifier":"b","duration":1000,"sequence":5,"cost":1,"limit":3}]}"#,
+    r#"{"instance":"edge-1","events":[{"namespace":"a","identifier":"b","duration":1000,"sequence":5,"used":1,"limit":3,"release":1700000000000}]}"#,
+    r#"{"instance":"edge-1","limits":[{"namespace":"a","identifier":"b","limit":5,"duration":1000,"cost":1,"sequence":1700000000,"used":2,"used_previous":1,"want":3}]}"#,
     r#"{"instance":"x","limits":[]}"#,
 ];
-const PATHS: [&str; 4] = [
+const PATHS: [&str; 5] = [
     "/v1/ratelimit",
     "/v1/ratelimit/multi",
     "/v1/origin/read",
     "/v1/origin/replay",
+    "/v1/origin/decide",
 ];
 const SPICE: [&[u8]; 12] = [
     b"-1",
@@ -73,6 +75,17 @@ fn mutate(seed: &[u8], rng: &mut u64) -> Vec<u8> {
 #[tokio::test]
 async fn no_input_gets_a_server_error() {
     let g = embedded(&[]).await;
+    // The seeds are valid requests as they stand (so mutations start from what the handlers
+    // accept, past validation), each for the path of the same index.
+    for (seed, path) in SEEDS.iter().zip(PATHS) {
+        let r = g.send("POST", path, None, Body::from(*seed)).await;
+        assert!(
+            r.status.is_success(),
+            "{path} {seed} -> {} {}",
+            r.status,
+            r.text
+        );
+    }
     let mut rng = 0x5eed_u64;
     for i in 0..3_000 {
         let path = PATHS[i % PATHS.len()];

@@ -89,7 +89,7 @@ async fn what_one_gateway_admits_the_other_counts() {
         assert!(Instant::now() < deadline, "A's replay never reached Redis");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // B has never seen the key: it reads Redis first, and denies.
+    // B has never seen the key: it decides at Redis, which holds A's 10, and denies.
     let r = post(&http, format!("{b}/v1/ratelimit"), limit.clone()).await;
     assert_eq!(r["success"], false, "{r}");
     assert_eq!(r["remaining"], 0);

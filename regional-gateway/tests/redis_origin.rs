@@ -21,6 +21,8 @@ use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::Gateway;
 use strata_gateway::config::Settings;
 use strata_gateway::metrics::Source;
+use strata_gateway::origin::CellUsed;
+use strata_gateway::origin::redis::cell_key;
 
 fn key(identifier: &str) -> WindowKeyRef<'_> {
     WindowKeyRef::new(
@@ -68,12 +70,6 @@ async fn eventually(what: &str, deadline: Duration, mut probe: impl AsyncFnMut()
 async fn two_gateways_of_one_region_converge_through_redis() {
     let redis = RedisServer::start();
     let (a, b) = (on_redis(&redis).await, on_redis(&redis).await);
-    // What each gateway's presence loop does every second: the region's live count is the
-    // peers prior of keys new at the origin.
-    for g in [&a, &b, &a] {
-        let limiter = &g.gateway.limiter;
-        limiter.origin.presence(&limiter.instance, T0).await;
-    }
     const LIMIT: u64 = 50;
     const REPLAY_EVERY: usize = 20; // requests between replays: 20 x 5 ms = the 100 ms interval
     let mut admitted = 0;
@@ -90,21 +86,21 @@ async fn two_gateways_of_one_region_converge_through_redis() {
     println!(
         "two gateways, limit {LIMIT}, 400 requests in 2 s, replay every 100 ms: admitted {admitted}"
     );
-    // Near the limit each gateway decides at Redis, counting the other's possible unreplayed
-    // passes as used: exact, give or take what the estimate misses.
-    assert!(admitted >= LIMIT - 2, "under-admitted: {admitted}");
-    assert!(admitted <= LIMIT + 2, "over-admitted: {admitted}");
-    // Both now see the region's whole count.
+    // Each gateway passes locally only within the lease Redis granted it, which the other's
+    // decisions count as used; the last units are decided at Redis: exactly the limit.
+    assert_eq!(admitted, LIMIT);
+    // Redis holds the region's whole count: what each gateway passed locally (replayed) and
+    // what it decided there.
     let seq = T0 / 60_000;
     for g in [&a, &b] {
         let r = g
             .gateway
             .limiter
             .origin
-            .read(None, &[(key("shared"), seq)], T0)
+            .read(&[(key("shared"), seq)], T0)
             .await
             .unwrap();
-        assert_eq!(r[0].0, admitted);
+        assert_eq!(r, vec![admitted]);
     }
 }
 
@@ -164,7 +160,11 @@ async fn redis_stopped_mid_run_falls_back_then_recovers_and_replays() {
         !gw.limiter.replay_once().await,
         "replay fails while Redis is down"
     );
-    assert_eq!(gw.limiter.replay.len(), 1, "and keeps the cell queued");
+    assert_eq!(
+        gw.limiter.unreplayed(),
+        1,
+        "and keeps the cell unacknowledged"
+    );
     let m = g.get("/metrics").await;
     assert!(m.text.contains("strata_origin_up 0"));
 
@@ -176,22 +176,125 @@ async fn redis_stopped_mid_run_falls_back_then_recovers_and_replays() {
     eventually(
         "replay resumes and drains",
         Duration::from_secs(10),
-        async || gw.limiter.replay_once().await && gw.limiter.replay.is_empty(),
+        async || gw.limiter.replay_once().await && gw.limiter.unreplayed() == 0,
     )
     .await;
-    // The restarted Redis lost the first 5 (it keeps nothing on disk); the 5 accepted while it
-    // was down were queued and delivered.
+    // The restarted Redis lost everything (it keeps nothing on disk). The replay carries the
+    // gateway's cumulative local count, so Redis learns every local pass again: the 5
+    // accepted while it was down, and those passed under the lease before; only the passes
+    // decided at the old Redis are gone with it.
     let seq = T0 / 60_000;
+    let own = gw
+        .limiter
+        .local
+        .lock(key("k"))
+        .get(key("k"))
+        .map(|s| s.current().own())
+        .unwrap();
+    let m = &gw.limiter.metrics;
+    assert_eq!(
+        own,
+        m.decisions(Source::Local) + m.decisions(Source::Fallback),
+        "every pass not decided at Redis"
+    );
+    assert!(own >= 5, "{own}");
     let counts = gw
         .limiter
         .origin
-        .read(None, &[(key("k"), seq)], g.clock.now_ms())
+        .read(&[(key("k"), seq)], g.clock.now_ms())
         .await
         .unwrap();
-    assert_eq!(counts[0].0, 5);
+    assert_eq!(counts, vec![own]);
     // And decisions read from Redis again.
     g.clock.advance(6_000);
     let before = gw.limiter.metrics.decisions(Source::Origin);
     assert!(decide(gw, "k", 100).await);
     assert_eq!(gw.limiter.metrics.decisions(Source::Origin), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_the_same_batch_twice_counts_once() {
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let origin = &g.gateway.limiter.origin;
+    let seq = T0 / 60_000;
+    let cell = |id, used| CellUsed {
+        key: key(id),
+        sequence: seq,
+        used,
+        release: 0,
+    };
+    let batch = [cell("a", 3), cell("b", 5)];
+    let first = origin.replay("gw-1", &batch, T0).await.unwrap();
+    assert_eq!(first, vec![Some(3), Some(5)]);
+    // Delivered again (a timeout after Redis applied it, then the retry): counted once.
+    let again = origin.replay("gw-1", &batch, T0).await.unwrap();
+    assert_eq!(again, first);
+    // An older cumulative count arriving late changes nothing; a newer one adds the difference.
+    let late = origin.replay("gw-1", &[cell("a", 2)], T0).await.unwrap();
+    assert_eq!(late, vec![Some(3)]);
+    let newer = origin.replay("gw-1", &[cell("a", 7)], T0).await.unwrap();
+    assert_eq!(newer, vec![Some(7)]);
+    // Another process's own count adds to the cell's.
+    let other = origin.replay("gw-2", &[cell("a", 2)], T0).await.unwrap();
+    assert_eq!(other, vec![Some(9)]);
+    let read = origin
+        .read(&[(key("a"), seq), (key("b"), seq)], T0)
+        .await
+        .unwrap();
+    assert_eq!(read, vec![9, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_holding_a_foreign_value_fails_alone() {
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let limiter = &g.gateway.limiter;
+    let seq = T0 / 60_000;
+    // Something else wrote a plain string at one cell's key.
+    assert_eq!(
+        redis.cli(&["SET", &cell_key(key("bad"), seq), "not a hash"]),
+        "OK"
+    );
+    let cell = |id, used| CellUsed {
+        key: key(id),
+        sequence: seq,
+        used,
+        release: 0,
+    };
+    let batch = [cell("a", 2), cell("bad", 3), cell("c", 4)];
+    let counts = limiter.origin.replay("gw-1", &batch, T0).await.unwrap();
+    assert_eq!(counts, vec![Some(2), None, Some(4)]);
+    let read = limiter
+        .origin
+        .read(&[(key("a"), seq), (key("c"), seq)], T0)
+        .await
+        .unwrap();
+    assert_eq!(read, vec![2, 4], "the other cells of the batch were merged");
+    assert_eq!(
+        redis.cli(&["GET", &cell_key(key("bad"), seq)]),
+        "not a hash",
+        "the foreign value is left alone"
+    );
+
+    // Through the gateway's replay: the good cell is acknowledged, the bad one stays
+    // unacknowledged and goes out with the next batch.
+    for id in ["good", "bad"] {
+        let d = limiter.local.lock(key(id)).decide(key(id), 100, 1, T0);
+        assert!(d.success);
+    }
+    assert_eq!(limiter.unreplayed(), 2);
+    assert!(!limiter.replay_once().await, "one cell failed");
+    assert_eq!(limiter.unreplayed(), 1);
+    let read = limiter
+        .origin
+        .read(&[(key("good"), seq)], T0)
+        .await
+        .unwrap();
+    assert_eq!(read, vec![1]);
+    assert_eq!(redis.cli(&["DEL", &cell_key(key("bad"), seq)]), "1");
+    assert!(limiter.replay_once().await);
+    assert_eq!(limiter.unreplayed(), 0);
+    let read = limiter.origin.read(&[(key("bad"), seq)], T0).await.unwrap();
+    assert_eq!(read, vec![1]);
 }

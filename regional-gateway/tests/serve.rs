@@ -1,5 +1,5 @@
 //! The gateway over a real socket: `run` serves, the replay loop delivers accepted cost to the
-//! origin in the background, and shutdown drains it.
+//! origin in the background, and shutdown drains what it has not delivered yet.
 
 #![allow(
     clippy::unwrap_used,
@@ -8,9 +8,13 @@
     clippy::cast_possible_truncation
 )] // test code: a panic is the failure report
 
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::Gateway;
 use strata_gateway::clock::Clock;
 use strata_gateway::config::Settings;
@@ -27,18 +31,20 @@ async fn eventually(what: &str, deadline: Duration, mut probe: impl AsyncFnMut()
     panic!("not within {deadline:?}: {what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serves_replays_in_the_background_and_drains_on_shutdown() {
+/// A served gateway on the system clock, its base URL, and the sender that stops it.
+struct Served {
+    gateway: Arc<Gateway>,
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn serve(replay_interval: Duration) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let settings = Settings {
-        replay_interval: Duration::from_millis(20),
-        database_url: format!(
-            "sqlite://{}",
-            std::env::temp_dir()
-                .join(format!("strata-serve-{}.db", std::process::id()))
-                .display()
-        ),
+        replay_interval,
+        database_url: common::temp_database(),
         ..Settings::default()
     };
     let gateway = Gateway::new(settings, Clock::system()).await.unwrap();
@@ -46,24 +52,54 @@ async fn serves_replays_in_the_background_and_drains_on_shutdown() {
     let server = tokio::spawn(strata_gateway::run(gateway.clone(), listener, async {
         let _ = stopped.await;
     }));
-    let http = reqwest::Client::new();
-    let decide = |id: &'static str| {
-        let http = http.clone();
-        let url = format!("{base}/v1/ratelimit");
-        async move {
-            let r = http
-                .post(url)
-                .json(&json!({"namespace":"api","identifier":id,"limit":100,"duration":60_000}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            r.json::<Value>().await.unwrap()
-        }
-    };
-    for _ in 0..5 {
-        assert_eq!(decide("e2e").await["success"], true);
+    Served {
+        gateway,
+        base,
+        stop,
+        server,
     }
+}
+
+async fn decide(base: &str, id: &str) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/ratelimit"))
+        .json(&json!({"namespace":"api","identifier":id,"limit":100,"duration":60_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.unwrap()
+}
+
+/// The embedded origin's count of `id`'s current cell and the one before (a test that
+/// straddles a minute boundary counts the same).
+async fn counted(gateway: &Gateway, id: &str) -> u64 {
+    let key = WindowKeyRef::new(
+        "default",
+        "api",
+        id,
+        WindowDuration::from_ms(60_000).unwrap(),
+    )
+    .unwrap();
+    let now = Clock::system().now_ms();
+    let seq = now / 60_000;
+    let read = gateway
+        .limiter
+        .origin
+        .read(&[(key, seq), (key, seq - 1)], now)
+        .await
+        .unwrap();
+    read.iter().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_and_replays_in_the_background() {
+    let s = serve(Duration::from_millis(20)).await;
+    let base = &s.base;
+    for _ in 0..5 {
+        assert_eq!(decide(base, "e2e").await["success"], true);
+    }
+    let http = reqwest::Client::new();
     let metrics_url = format!("{base}/metrics");
     eventually(
         "the 5 accepted requests reach the origin",
@@ -78,31 +114,61 @@ async fn serves_replays_in_the_background_and_drains_on_shutdown() {
                 .await
                 .unwrap();
             text.contains("strata_replay_queue_cells 0")
-                && gateway.limiter.metrics.origin_calls("replay") > 0
+                && s.gateway.limiter.metrics.origin_calls("replay") > 0
         },
     )
     .await;
     let seq = Clock::system().now_ms() / 60_000;
+    let cell =
+        |seq: u64| json!({"namespace":"api","identifier":"e2e","duration":60_000,"sequence":seq});
     let read = http
         .post(format!("{base}/v1/origin/read"))
-        .json(&json!({"cells":[{"namespace":"api","identifier":"e2e","duration":60_000,"sequence":seq}]}))
+        .json(&json!({"cells":[cell(seq), cell(seq - 1)]}))
         .send()
         .await
         .unwrap()
         .json::<Value>()
         .await
         .unwrap();
+    let regional = |i: usize| read["cells"][i]["regional"].as_u64().unwrap();
     assert_eq!(
-        read["cells"][0]["regional"], 5,
-        "the origin counted what was replayed"
+        regional(0) + regional(1),
+        5,
+        "the origin counted what was decided there and what was replayed: {read}"
     );
+    assert_eq!(
+        regional(0) + regional(1),
+        counted(&s.gateway, "e2e").await,
+        "the endpoint reads the origin"
+    );
+    s.stop.send(()).unwrap();
+    s.server.await.unwrap().unwrap();
+}
 
-    // Accepted just before shutdown: drained by the shutdown, not lost.
-    decide("late").await;
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_what_the_replay_loop_has_not_delivered() {
+    // The replay loop ticks once at start, then not for an hour: only the shutdown delivers.
+    let s = serve(Duration::from_secs(3_600)).await;
+    for _ in 0..3 {
+        assert_eq!(decide(&s.base, "late").await["success"], true);
+    }
+    let passed_locally = s
+        .gateway
+        .limiter
+        .metrics
+        .decisions(strata_gateway::metrics::Source::Local);
     assert!(
-        gateway.limiter.replay.is_empty(),
-        "shutdown drained the queue"
+        passed_locally > 0,
+        "some passes were local, under the lease"
+    );
+    assert_eq!(s.gateway.limiter.unreplayed(), 1, "not delivered yet");
+    assert_eq!(s.gateway.limiter.metrics.origin_calls("replay"), 0);
+    s.stop.send(()).unwrap();
+    s.server.await.unwrap().unwrap();
+    assert_eq!(s.gateway.limiter.unreplayed(), 0, "shutdown drained it");
+    assert_eq!(
+        counted(&s.gateway, "late").await,
+        3,
+        "the origin counts every accepted request"
     );
 }

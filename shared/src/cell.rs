@@ -3,23 +3,40 @@
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
 //! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
-//! to 168 bytes (two cells, the band's 64) so a table slot with its key is three cache lines.
+//! to 192 bytes (two cells of 80, the lease history) so a table slot with its key is 216.
 
-use crate::band::BandState;
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
-use crate::origin::OriginPolicy;
+use crate::lease::LeaseState;
 use crate::window::WindowDuration;
 
 /// One fixed window as a process sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CellState {
+    /// The region's count as last answered, plus this process's passes since (a lower bound
+    /// of the truth), and the other regions' imported sum.
     pub(crate) counts: Counts,
-    /// Until when the last origin answer is trusted; 0 while no answer has been merged (cold).
-    pub(crate) fresh_until: u64,
-    /// A failed origin call holds further reads of this cell off until then.
+    /// Until when (this process's clock) the lease may be used; 0 while no origin decision has
+    /// been merged (cold).
+    pub(crate) lease_until: u64,
+    /// A failed origin call holds further calls for this cell off until then.
     pub(crate) read_retry_at: u64,
     /// The regional count of the last successful flush to the global table.
     pub(crate) last_flushed: u64,
+    /// What this process admitted locally in the cell, cumulative: what a replay carries, so
+    /// delivering it twice counts it once. (Passes decided at the origin were counted there.)
+    pub(crate) own: u64,
+    /// The largest `own` the origin has acknowledged.
+    pub(crate) acked: u64,
+    /// The lease as a ceiling on `own`: local passes while `own + cost <= grant`. The origin
+    /// only ever raises a live ceiling, so answers can be merged in any order with `max`.
+    pub(crate) grant: u64,
+    /// The origin's id of the lease `grant` comes from (its reservation deadline, strictly
+    /// increasing per process and cell): only a newer lease replaces it, and giving one back
+    /// names it, so a late answer or a release crossing a new grant can do no harm.
+    pub(crate) lease_id: u64,
+    /// `own` as the last replay pass saw it while a lease was held (`u64::MAX`: not seen since
+    /// the lease was granted): a lease is idle when a whole pass went by without a local pass.
+    pub(crate) idle_mark: u64,
 }
 
 impl CellState {
@@ -29,26 +46,51 @@ impl CellState {
             regional: 0,
             global: 0,
         },
-        fresh_until: 0,
+        lease_until: 0,
         read_retry_at: 0,
         last_flushed: 0,
+        own: 0,
+        acked: 0,
+        grant: 0,
+        lease_id: 0,
+        idle_mark: u64::MAX,
     };
 
     /// Regional and imported global counts.
     pub const fn counts(&self) -> Counts {
         self.counts
     }
-    /// Whether an origin answer has ever been merged.
+    /// Whether an origin decision has ever been merged.
     pub const fn is_warm(&self) -> bool {
-        self.fresh_until != 0
+        self.lease_until != 0
     }
-    /// Whether the last origin answer is still trusted at `now_ms`.
+    /// Whether the lease may still be used at `now_ms`.
     pub const fn is_fresh(&self, now_ms: u64) -> bool {
-        now_ms < self.fresh_until
+        now_ms < self.lease_until
     }
-    /// Deadline of the current freshness (0 if never fresh).
-    pub const fn fresh_until(&self) -> u64 {
-        self.fresh_until
+    /// Deadline of the current lease (0 if never granted).
+    pub const fn lease_until(&self) -> u64 {
+        self.lease_until
+    }
+    /// This process's cumulative admitted cost in the cell.
+    pub const fn own(&self) -> u64 {
+        self.own
+    }
+    /// The id of the lease in use (0: none granted yet).
+    pub const fn lease_id(&self) -> u64 {
+        self.lease_id
+    }
+    /// The largest own count the origin acknowledged.
+    pub const fn acked(&self) -> u64 {
+        self.acked
+    }
+    /// Own cost the origin has not acknowledged yet (what a replay must still deliver).
+    pub const fn unacked(&self) -> u64 {
+        self.own.saturating_sub(self.acked)
+    }
+    /// Cost this process may still admit locally under its lease (ignoring its deadline).
+    pub const fn lease_left(&self) -> u64 {
+        self.grant.saturating_sub(self.own)
     }
     /// The count of the last successful flush.
     pub const fn last_flushed(&self) -> u64 {
@@ -68,8 +110,8 @@ pub struct WindowState {
     pub(crate) limit: u64,
     pub(crate) current: CellState,
     pub(crate) previous: CellState,
-    /// What the band needs to estimate other processes' unseen traffic.
-    pub(crate) band: BandState,
+    /// The size of the last lease, so the next ask grows with demand.
+    pub(crate) lease: LeaseState,
 }
 
 impl WindowState {
@@ -81,40 +123,43 @@ impl WindowState {
             limit: 0,
             current: CellState::COLD,
             previous: CellState::COLD,
-            band: BandState {
-                own_at_origin: 0,
-                others_at_answer: 0,
-                answered_at: 0,
-                others_per_interval: 0,
-                bucket: 0,
-                bucket_cost: [0, 0],
-                peers: 0,
-            },
+            lease: LeaseState { last_grant: 0 },
         }
     }
 
     /// Ages the cells to the window containing `now_ms` and returns the time to decide at.
     /// Time never runs backwards for a key: a clock behind the newest cell decides as at that
-    /// cell's start, rather than reviving a window that already rolled over.
+    /// cell's start, rather than reviving a window that already rolled over. A lease belongs
+    /// to its cell: the previous cell takes no local passes.
     pub fn roll(&mut self, duration: WindowDuration, now_ms: u64) -> u64 {
+        self.roll_counting_lost(duration, now_ms).0
+    }
+
+    /// [`roll`](Self::roll), also returning own cost dropped unacknowledged with cells that
+    /// aged out (only when a window passed without a successful replay).
+    pub fn roll_counting_lost(&mut self, duration: WindowDuration, now_ms: u64) -> (u64, u64) {
         let start = duration.start(self.sequence);
         if now_ms >= start && now_ms - start < duration.as_ms() {
-            return now_ms; // still in the current window: no division on the hot path
+            return (now_ms, 0); // still in the current window: no division on the hot path
         }
         let now_ms = now_ms.max(start);
         let sequence = duration.sequence(now_ms);
         if sequence == self.sequence {
-            return now_ms;
+            return (now_ms, 0);
         }
+        let mut lost = self.previous.unacked();
         self.previous = if sequence == self.sequence.saturating_add(1) {
-            self.current
+            CellState {
+                grant: 0,
+                ..self.current
+            }
         } else {
+            lost = lost.saturating_add(self.current.unacked());
             CellState::COLD
         };
         self.current = CellState::COLD;
         self.sequence = sequence;
-        self.band.roll();
-        now_ms
+        (now_ms, lost)
     }
 
     /// Sequence of the current cell.
@@ -195,20 +240,12 @@ impl WindowState {
     }
 
     /// Applies a decision made from this state at `now_ms` (already rolled to): a pass adds
-    /// the cost to the regional count (and to this process's recent rate, for the band); a
-    /// denial adds nothing and starts strict mode.
-    pub fn apply(
-        &mut self,
-        decision: &Decision,
-        duration: WindowDuration,
-        cost: u64,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) {
+    /// the cost to the regional count and to this process's own local count (which the
+    /// replay delivers); a denial adds nothing and starts strict mode.
+    pub fn apply(&mut self, decision: &Decision, duration: WindowDuration, cost: u64, now_ms: u64) {
         if decision.success {
             self.current.counts.regional = self.current.counts.regional.saturating_add(cost);
-            self.band
-                .record_own(cost, now_ms, policy.replay_interval_ms);
+            self.current.own = self.current.own.saturating_add(cost);
         } else {
             self.strict_until = self
                 .strict_until
@@ -238,10 +275,9 @@ impl WindowState {
         duration: WindowDuration,
         cost: u64,
         now_ms: u64,
-        policy: &OriginPolicy,
     ) {
         let now_ms = self.roll(duration, now_ms);
-        self.apply(decision, duration, cost, now_ms, policy);
+        self.apply(decision, duration, cost, now_ms);
     }
 
     /// Decides one limit locally, whatever the cells' freshness, and applies the result.
@@ -251,15 +287,19 @@ impl WindowState {
         limit: u64,
         cost: u64,
         now_ms: u64,
-        policy: &OriginPolicy,
     ) -> Decision {
         let now_ms = self.roll(duration, now_ms);
         self.observe_limit(limit);
         let decision = self
             .check(duration, limit, cost)
             .decide_in(self.sequence, now_ms, 0);
-        self.apply(&decision, duration, cost, now_ms, policy);
+        self.apply(&decision, duration, cost, now_ms);
         decision
+    }
+
+    /// The lease history (for metrics and tests).
+    pub const fn lease(&self) -> &LeaseState {
+        &self.lease
     }
 }
 
@@ -304,11 +344,8 @@ mod tests {
     #[test]
     fn denial_counts_nothing_and_starts_strict_mode() {
         let mut s = WindowState::new(second(), 10_000);
-        assert!(
-            s.decide(second(), 2, 2, 10_100, &OriginPolicy::default())
-                .success
-        );
-        let d = s.decide(second(), 2, 1, 10_200, &OriginPolicy::default());
+        assert!(s.decide(second(), 2, 2, 10_100).success);
+        let d = s.decide(second(), 2, 1, 10_200);
         assert!(!d.success);
         assert_eq!(s.current().counts().regional, 2);
         assert_eq!(s.strict_until(), 11_200);
@@ -322,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn a_window_state_is_168_bytes() {
-        assert_eq!(core::mem::size_of::<WindowState>(), 168);
+    fn a_window_state_is_192_bytes() {
+        assert_eq!(core::mem::size_of::<WindowState>(), 192);
     }
 }

@@ -11,61 +11,77 @@
 //! | [`identity`] | window keys, cells, components, regions, and their bounds |
 //! | [`window`] | fixed-window arithmetic: sequence, elapsed, reset, expiry, decay |
 //! | [`decision`] | the sliding-window decision, single and all-or-nothing |
-//! | [`cell`] | one window key's state: two cells and the strict-mode deadline |
+//! | [`cell`] | one window key's state: two cells, own counts, the lease, strict mode |
 //! | [`origin`] | the decision order (local, or at the origin and why), merging origin answers |
-//! | [`band`] | the estimate of other processes' unseen traffic that guards local passes |
-//! | [`table`] | the bounded single-threaded LRU table of an edge process |
+//! | [`policy`] | region-wide origin settings and the reasons a decision goes there |
+//! | [`lease`] | leases: the share of a limit a process may admit locally |
+//! | [`ledger`] | the origin's side of a cell: own counts per process, live leases |
+//! | [`request`] | the request path every shell drives: a decision or one origin call |
+//! | [`replay`] | the replay buffer: own cumulative counts, delivered safely twice |
+//! | [`table`] | the bounded single-threaded table of a process, and its decision API |
+//! | [`slab`] | the table's storage: slots, hash index, CLOCK eviction |
 //! | [`gcounter`] | the global G-Counter, own/foreign imports and the publish policy |
 //! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
 //! | [`wire`] | the JSON types of gateway API v1 and their validation |
-
 //!
-//! A shell's request path, with the origin stubbed:
+//! A shell's request path, with the origin (`POST /v1/origin/decide`) answered by hand:
 //!
 //! ```
-//! use strata_core::table::Step;
-//! use strata_core::{CounterTable, Counts, OriginAnswer, TableConfig, WindowDuration, WindowKeyRef};
+//! use strata_core::request::{FailureMode, OriginCall};
+//! use strata_core::table::{LimitRequest, Step};
+//! use strata_core::wire::{DecideResponse, DecideResult};
+//! use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKeyRef};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut table = CounterTable::new(TableConfig::default(), 0x5eed); // seed from the host
 //! let minute = WindowDuration::from_ms(60_000)?;
 //! let key = WindowKeyRef::new("acme", "api", "user-42", minute)?;
+//! let limit = LimitRequest { key, limit: 10, cost: 1 };
 //! let now_ms = 1_700_000_000_000; // 20 s into its minute
-//! // The origin (`POST /v1/origin/decide`) has counted 3 in this minute and 6 in the last:
-//! // 3 + floor(6 * 40/60) + 1 = 8 of 10, so it passes and counts this request.
-//! let decide_at_origin = || -> Result<OriginAnswer, ()> {
-//!     Ok(OriginAnswer {
-//!         limit: 10,
-//!         remaining: 2,
-//!         reset_ms: minute.reset(minute.sequence(now_ms)),
-//!         sequence: minute.sequence(now_ms),
-//!         counted: true,
-//!         denied: false,
-//!         current: Counts { regional: 4, global: 0 },
-//!         previous: Counts { regional: 6, global: 0 },
-//!         peers: 1,
-//!     })
-//! };
 //!
 //! let decision = match table.check(key, 10, 1, now_ms) {
-//!     // A local denial, or a pass with room to spare: no round trip.
+//!     // A local denial, or a pass the lease covers: no round trip.
 //!     Step::Decided(d) => d,
-//!     // Cold, stale, strict or near the limit: the origin decides, atomically.
-//!     Step::Origin(plan) => match decide_at_origin() {
-//!         Ok(answer) => table.apply_decided(key, 1, &answer, now_ms),
-//!         Err(()) => {
-//!             // Unreachable origin: not fresh, retried later; decide from local memory.
-//!             for (sequence, _) in plan.reads.cells() {
-//!                 table.fail_origin(key, sequence, now_ms);
-//!             }
-//!             table.decide(key, 10, 1, now_ms)
+//!     // Cold, stale, strict, or the lease is used up: the origin decides, atomically.
+//!     Step::Origin(plan) => {
+//!         let call = OriginCall::single(limit, plan);
+//!         let body = call.to_wire("edge-7f3a"); // POST it; here the origin answers:
+//!         assert_eq!(body.limits[0].want, 10); // a new key: as much as the origin will lend
+//!         // It counted 3 in this minute and 6 in the last: 3 + floor(6 * 40/60) + 1 = 8 of
+//!         // 10, so it passes, counts it, and lends one more: the last quarter of a limit is
+//!         // lent in small shares.
+//!         let response = DecideResponse {
+//!             success: true,
+//!             sequence: minute.sequence(now_ms),
+//!             results: vec![DecideResult {
+//!                 success: true,
+//!                 limit: 10,
+//!                 remaining: 2,
+//!                 reset: minute.reset(minute.sequence(now_ms)),
+//!                 sequence: minute.sequence(now_ms),
+//!                 current: Counts { regional: 4, global: 0 },
+//!                 previous: Counts { regional: 6, global: 0 },
+//!                 used: 0, // our local passes the origin holds (this one it decided)
+//!                 lease: 1,
+//!                 lease_id: 1_700_000_006_000,
+//!                 lease_ms: 5_000,
+//!             }],
+//!         };
+//!         match call.answers(&response) {
+//!             Ok(answers) => table.finish(&call, &answers, now_ms)?.decisions[0],
+//!             // Unreachable or nonsense: not tried again for 300 ms; decide from memory.
+//!             Err(_) => table.fail(&call, FailureMode::Local, now_ms)?.decisions[0],
 //!         }
-//!     },
+//!     }
 //! };
 //! assert!(decision.success);
 //! assert_eq!(decision.remaining, 2);
-//! // The key is warm now: the next request is decided locally (2 left, no other process).
+//! // The lease covers the next request: decided locally, 1 left.
 //! assert!(matches!(table.check(key, 10, 1, now_ms), Step::Decided(d) if d.remaining == 1));
+//! // The one after goes to the origin again: the lease is used up.
+//! assert!(matches!(table.check(key, 10, 1, now_ms), Step::Origin(_)));
+//! // What the origin has not acknowledged goes out with the next replay.
+//! assert_eq!(table.take_replay(1_000, now_ms).to_wire("edge-7f3a").events[0].used, 1);
 //! # Ok(())
 //! # }
 //! ```
@@ -75,13 +91,18 @@
 
 extern crate alloc;
 
-pub mod band;
 pub mod cell;
 pub mod decision;
 pub mod gcounter;
 pub mod headers;
 pub mod identity;
+pub mod lease;
+pub mod ledger;
 pub mod origin;
+pub mod policy;
+pub mod replay;
+pub mod request;
+pub mod slab;
 pub mod table;
 pub mod window;
 pub mod wire;
@@ -90,6 +111,7 @@ pub use cell::{CellState, WindowState};
 pub use decision::{Counts, Decision, LimitCheck, MultiDecision, WindowCounts, decide_all};
 pub use gcounter::{FlushRow, GCounter, PublishPolicy};
 pub use identity::{Cell, Component, IdentityError, Region, WindowKey, WindowKeyRef};
-pub use origin::{OriginAnswer, OriginPlan, OriginPolicy, ReadPlan, Reason, Verdict};
-pub use table::{CounterTable, LimitRequest, MultiStep, Step, TableConfig};
+pub use origin::{OriginAnswer, OriginPlan, OriginPolicy, Reason, Verdict};
+pub use request::{Begin, FailureMode, OriginCall};
+pub use table::{CounterTable, LimitRequest, Step, TableConfig};
 pub use window::WindowDuration;

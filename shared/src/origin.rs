@@ -1,123 +1,35 @@
-//! Merging the regional origin into local state: which cells a decision must read first, and
-//! what a read, replay or decision answer (or a failure) does to a cell.
+//! Deciding at the origin: when a decision must be made there and why, and what an origin
+//! decision, a replay answer or a failure does to a window key's state.
 //!
-//! Counts within a cell only grow, so an answer merges with `max` and can arrive late, twice or
-//! out of order without harm. Only a successful answer makes a cell fresh.
+//! Counts within a cell only grow, so answers merge with `max` and can arrive late, twice or
+//! out of order without harm. Only an origin decision grants a lease (see [`crate::lease`]).
 
 use crate::cell::WindowState;
-use crate::decision::Counts;
+use crate::decision::{Counts, Decision};
+use crate::window::WindowDuration;
 
-/// How long an origin answer is trusted by default.
-pub const DEFAULT_FRESH_FOR_MS: u64 = 5_000;
-/// How long a failed origin call holds off the next read of the same cell by default.
-pub const DEFAULT_READ_RETRY_MS: u64 = 300;
-/// How often processes replay accepted cost to the origin by default: the lag the band covers.
-pub const DEFAULT_REPLAY_INTERVAL_MS: u64 = 100;
+pub use crate::policy::{DEFAULT_LEASE_MS, DEFAULT_READ_RETRY_MS, OriginPolicy, Reason};
 
-/// Region-wide freshness settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OriginPolicy {
-    /// An origin answer keeps a cell fresh this long.
-    pub fresh_for_ms: u64,
-    /// After a failed origin call, decisions on the cell stay local this long before the
-    /// next read is tried (so a down origin costs one timeout per cell per interval, not one
-    /// per request).
-    pub read_retry_ms: u64,
-    /// How often this process replays accepted cost: the window of unseen traffic the band
-    /// estimates.
-    pub replay_interval_ms: u64,
-    /// Whether near-limit passes go to the origin (`false` measures the design without it).
-    pub band: bool,
-}
-
-impl Default for OriginPolicy {
-    fn default() -> Self {
-        Self {
-            fresh_for_ms: DEFAULT_FRESH_FOR_MS,
-            read_retry_ms: DEFAULT_READ_RETRY_MS,
-            replay_interval_ms: DEFAULT_REPLAY_INTERVAL_MS,
-            band: true,
-        }
-    }
-}
-
-/// Why a decision goes to the origin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// No origin answer has ever been merged.
-    Cold,
-    /// The last answer is older than `fresh_for`.
-    Stale,
-    /// A recent denial on the window key: the current cell is re-read before a local pass.
-    Strict,
-    /// The budget left is within the band of what other processes may have admitted unseen.
-    Band,
-}
-
-impl Reason {
-    /// Label for logs and metrics.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Reason::Cold => "cold",
-            Reason::Stale => "stale",
-            Reason::Strict => "strict",
-            Reason::Band => "band",
-        }
-    }
-}
-
-/// The cells of one window key a decision must read synchronously, if any.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadPlan {
-    /// Sequence of the current cell (the previous one is `sequence - 1`).
-    pub sequence: u64,
-    /// Why the current cell must be read.
-    pub current: Option<Reason>,
-    /// Why the previous cell must be read.
-    pub previous: Option<Reason>,
-}
-
-impl ReadPlan {
-    /// Nothing to read: the decision can be made locally.
-    pub const fn is_empty(&self) -> bool {
-        self.current.is_none() && self.previous.is_none()
-    }
-
-    /// The cells to read, as `(sequence, reason)`, current first.
-    pub fn cells(&self) -> impl Iterator<Item = (u64, Reason)> + '_ {
-        let current = self.current.map(|r| (self.sequence, r));
-        let previous = self.previous.map(|r| (self.sequence.saturating_sub(1), r));
-        current.into_iter().chain(previous)
-    }
-}
-
-/// A decision the local view cannot make safely: make it at the origin.
+/// A decision the local view cannot make safely: what to ask the origin, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OriginPlan {
-    /// Sequence of the current cell.
+    /// Sequence of the current cell on this process's clock.
     pub sequence: u64,
-    /// Why: the current cell's reason first, then the previous cell's, then the band.
+    /// When the plan was made (this process's clock): a granted lease runs from here, which
+    /// is never later than the origin's start of it.
+    pub at_ms: u64,
+    /// Why.
     pub reason: Reason,
-    /// The cells that are cold, stale or strict (a shell may refresh them and check again).
-    pub reads: ReadPlan,
-    /// The band at the time (local passes must leave this much of the limit).
-    pub band: u64,
-    /// What the origin should count as used beyond what it holds: other processes' local
-    /// passes not yet replayed, estimated from ours (see [`crate::band::BandState::reserve`]).
-    /// Not the rate band: that measures growth the origin already holds, and reserving it
-    /// again denies a client paced at its limit what it is owed (measured 0.989 instead of
-    /// 0.998 over five gateways).
-    pub reserve: u64,
-}
-
-impl OriginPlan {
-    /// What the origin should count as used beyond what it holds: the estimate of other
-    /// processes' local passes it has not been told of yet. Without it an origin decision is
-    /// exact only against what the origin holds, and a 20x burst over two processes admits
-    /// 1.5x the limit (measured).
-    pub const fn reserve(&self) -> u64 {
-        self.reserve
-    }
+    /// The id of the lease this process gives back (0: none): whatever is left of it, the
+    /// process stopped using when it made the plan (so no concurrent local pass can use it
+    /// while the call travels); the origin drops it once `used` is merged, if no newer one
+    /// replaced it, so it does not count against this very request.
+    pub release: u64,
+    /// This process's own cumulative local passes in the current and previous cells: the
+    /// origin folds them in with `max`, so what no replay delivered yet still counts, once.
+    pub used: [u64; 2],
+    /// The lease to ask for beyond the request's cost.
+    pub want: u64,
 }
 
 /// An origin's answer to a decision request, for one limit.
@@ -139,106 +51,106 @@ pub struct OriginAnswer {
     pub current: Counts,
     /// The previous cell.
     pub previous: Counts,
-    /// Distinct processes the origin saw on the key recently.
-    pub peers: u32,
+    /// The caller's cumulative local passes in the current cell as the origin holds them.
+    pub used: u64,
+    /// The lease: the caller may admit locally until its local passes reach `used + lease`.
+    pub lease: u64,
+    /// The lease's id (0 with no lease).
+    pub lease_id: u64,
+    /// For how long from the request.
+    pub lease_ms: u64,
 }
 
 /// Where a request's decision is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// The local view decides: a denial (always safe: it is a lower bound), or a pass with
-    /// the band covered.
-    Local(crate::decision::Decision),
+    /// The local view decides: a denial (always safe: it is a lower bound), or a pass the
+    /// lease covers.
+    Local(Decision),
     /// The origin must decide.
     Origin(OriginPlan),
 }
 
 impl WindowState {
-    /// The decision order of DESIGN 3 at `now_ms` (already rolled to): (1) the local view
-    /// denies: deny locally, whatever the cells' state, so traffic over its limit costs no
-    /// round trip; (2) warm, fresh, not strict and `effective + band <= limit`: pass locally;
-    /// (3) otherwise decide at the origin. A cell whose last origin call failed within the
-    /// retry delay is decided locally (the fallback) rather than tried again.
+    /// The decision order at `now_ms` (already rolled to): (1) the local view denies: deny
+    /// locally, whatever the cells' state, so traffic over its limit costs no round trip;
+    /// (2) a recent origin failure: decide locally until the retry delay has passed (the
+    /// fallback); (3) cold, stale, or a lease too small: decide at the origin (while strict,
+    /// asking for no larger lease than the last), giving back the lease in use (the caller
+    /// stops using it: [`Self::begin_origin`]); (4) otherwise pass locally, from the lease:
+    /// whatever else happened, the origin reserved it for this process.
     pub fn classify(
         &self,
-        duration: crate::window::WindowDuration,
+        duration: WindowDuration,
         limit: u64,
         cost: u64,
         now_ms: u64,
-        policy: &OriginPolicy,
     ) -> Verdict {
         let local = self
             .check(duration, limit, cost)
             .decide_in(self.sequence, now_ms, 0);
-        if !local.success {
+        if !local.success || now_ms < self.current.read_retry_at {
             return Verdict::Local(local);
         }
-        let reads = self.plan_reads(now_ms);
-        // The band and reserve only matter once there is a reason to ask the origin, or room to
-        // doubt a pass: a lone process (peers 1, nobody else's growth seen) skips their math.
-        let lone = self.band.peers() <= 1 && self.band.others_per_interval() == 0;
-        let estimate = || {
-            if !policy.band || lone {
-                return (0, 0);
+        let reason = if !self.current.is_warm() {
+            Reason::Cold
+        } else if self.current.own.saturating_add(cost) > self.current.grant {
+            if now_ms < self.strict_until {
+                Reason::Strict
+            } else {
+                Reason::Lease
             }
-            let i = policy.replay_interval_ms;
-            (
-                self.band.band(limit, now_ms, i),
-                self.band.reserve(now_ms, i).min(limit),
-            )
-        };
-        let plan = |reason, (band, reserve): (u64, u64)| OriginPlan {
-            sequence: self.sequence,
-            reason,
-            reads,
-            band,
-            reserve,
-        };
-        if let Some(reason) = reads.current.or(reads.previous) {
-            return Verdict::Origin(plan(reason, estimate()));
-        }
-        if now_ms < self.current.read_retry_at {
+        } else if now_ms >= self.current.lease_until {
+            Reason::Stale
+        } else {
             return Verdict::Local(local);
-        }
-        let (band, reserve) = estimate();
-        if local.remaining < band {
-            return Verdict::Origin(plan(Reason::Band, (band, reserve)));
-        }
-        Verdict::Local(local)
+        };
+        Verdict::Origin(OriginPlan {
+            sequence: self.sequence,
+            at_ms: now_ms,
+            reason,
+            release: self.current.lease_id,
+            used: [self.current.own, self.previous.own],
+            want: self.lease.want(reason, cost, limit),
+        })
     }
 
-    /// Merges the origin's decision for one limit: both cells' counts with `max`, both fresh,
-    /// the peers it saw; the cost it counted is acknowledged as ours; a denial starts strict
-    /// mode. Returns the decision to answer the client with: the origin's verdict and
-    /// remaining, and (for a denial) a retry-after computed from the merged counts.
+    /// Merges the origin's decision for one limit, made for `plan`: both cells' counts with
+    /// `max` (a pass was counted there, in the region's count); the own count the origin holds
+    /// (an entry evicted and created again learns what it had replayed); a newer lease sets
+    /// the ceiling on local passes until `plan.at_ms + lease_ms`; a denial starts strict mode. Returns the decision to answer
+    /// the client with: the origin's verdict and remaining, and (for a denial) a retry-after
+    /// computed from the merged counts.
     pub fn apply_decided(
         &mut self,
-        duration: crate::window::WindowDuration,
+        duration: WindowDuration,
+        plan: &OriginPlan,
         answer: &OriginAnswer,
         cost: u64,
         now_ms: u64,
-        policy: &OriginPolicy,
-    ) -> crate::decision::Decision {
+    ) -> Decision {
         let now_ms = self.roll(duration, now_ms);
-        self.merge_fresh(answer.sequence, answer.current, now_ms, policy);
-        self.merge_fresh(
-            answer.sequence.saturating_sub(1),
-            answer.previous,
-            now_ms,
-            policy,
-        );
+        self.merge_counts(answer.sequence, answer.current);
+        self.merge_counts(answer.sequence.saturating_sub(1), answer.previous);
+        if let Some(previous) = self.cell_mut(answer.sequence.saturating_sub(1)) {
+            previous.lease_until = previous.lease_until.max(1);
+        }
         if answer.sequence == self.sequence {
-            if answer.counted {
-                self.band.acknowledge_own(cost);
-                self.band
-                    .record_own(cost, now_ms, policy.replay_interval_ms);
+            let cell = &mut self.current;
+            cell.own = cell.own.max(answer.used);
+            cell.acked = cell.acked.max(answer.used);
+            cell.read_retry_at = 0;
+            // Only a newer lease replaces the one in use (answers to concurrent calls arrive
+            // in any order); the origin's newer lease always covers the older one.
+            if answer.lease > 0 && answer.lease_id > cell.lease_id {
+                cell.idle_mark = u64::MAX;
+                cell.grant = answer.used.saturating_add(answer.lease);
+                cell.lease_id = answer.lease_id;
+                cell.lease_until = plan.at_ms.saturating_add(answer.lease_ms);
+                self.lease.granted(answer.lease);
             }
-            self.band.observe(
-                answer.current.regional,
-                Some(answer.peers),
-                now_ms,
-                policy.replay_interval_ms,
-            );
+            // Never 0 once answered: 0 means cold.
+            cell.lease_until = cell.lease_until.max(1);
         }
         if answer.denied {
             self.strict_until = self
@@ -260,7 +172,7 @@ impl WindowState {
                 local.retry_after_ms
             }
         };
-        crate::decision::Decision {
+        Decision {
             success,
             limit: answer.limit,
             remaining: answer.remaining,
@@ -269,213 +181,239 @@ impl WindowState {
         }
     }
 
-    /// Merges a replay answer: `counts` of cell `sequence` after the origin added
-    /// `delivered`, which was this process's own accepted cost, and the peers it reports.
-    pub fn apply_replay(
-        &mut self,
-        sequence: u64,
-        counts: Counts,
-        delivered: u64,
-        peers: Option<u32>,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) -> bool {
-        if sequence == self.sequence {
-            self.band.acknowledge_own(delivered);
+    /// Called by each replay pass: whether the current cell's lease should go back to the
+    /// origin. It must be live, at least a quarter of what the limit leaves in this process's
+    /// view, and unused since the previous pass saw it (so it went a whole replay interval
+    /// without a local pass; a lease just granted is first only marked). An unused lease near
+    /// the limit denies other processes what this one does not need; far from it, keeping it
+    /// is what spares a lone process the round trips.
+    pub fn idle_lease(&mut self, now_ms: u64) -> bool {
+        let limit = self.limit;
+        let cell = &mut self.current;
+        let left = cell.lease_left();
+        let near = left.saturating_mul(4) >= limit.saturating_sub(cell.counts.total());
+        if left == 0 || !cell.is_fresh(now_ms) || !near {
+            cell.idle_mark = u64::MAX;
+            return false;
         }
-        if let Some(p) = peers {
-            self.observe_peers(p);
+        let idle = cell.idle_mark == cell.own;
+        cell.idle_mark = cell.own;
+        idle
+    }
+
+    /// Starts the origin call of `plan`: stops using the lease it gives back.
+    pub fn begin_origin(&mut self, plan: &OriginPlan) {
+        if plan.release > 0 && plan.release == self.current.lease_id {
+            self.release_lease();
         }
-        self.apply_origin(sequence, counts, now_ms, policy)
     }
 
-    /// Records the number of processes the origin reports on this key.
-    pub fn observe_peers(&mut self, peers: u32) {
-        self.band.peers = peers.max(1);
+    /// Stops using the current cell's lease (before telling the origin it may drop it);
+    /// returns its id. Answers about this lease or older ones no longer revive it.
+    pub fn release_lease(&mut self) -> u64 {
+        self.current.grant = self.current.own;
+        self.current.lease_id
     }
 
-    /// The band state (for metrics and tests).
-    pub const fn band(&self) -> &crate::band::BandState {
-        &self.band
-    }
-
-    fn merge_fresh(
-        &mut self,
-        sequence: u64,
-        counts: Counts,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) -> bool {
+    /// Merges a replay answer: `counts` of cell `sequence` after the origin took this
+    /// process's own cumulative count `delivered`.
+    pub fn apply_replay(&mut self, sequence: u64, counts: Counts, delivered: u64) -> bool {
         let Some(cell) = self.cell_mut(sequence) else {
             return false;
         };
         cell.counts.merge(counts);
-        // Never 0 once answered: 0 means cold.
-        cell.fresh_until = cell
-            .fresh_until
-            .max(now_ms.saturating_add(policy.fresh_for_ms))
-            .max(1);
-        cell.read_retry_at = 0;
+        cell.acked = cell.acked.max(delivered);
         true
     }
 
-    /// Classifies both cells at `now_ms` (already rolled to). A cell whose last origin call
-    /// failed less than `read_retry_ms` ago is not read again yet: it is decided locally.
-    pub fn plan_reads(&self, now_ms: u64) -> ReadPlan {
-        let reason = |cell: &crate::cell::CellState, strict: bool| {
-            if now_ms < cell.read_retry_at {
-                None
-            } else if !cell.is_warm() {
-                Some(Reason::Cold)
-            } else if now_ms >= cell.fresh_until {
-                Some(Reason::Stale)
-            } else if strict && now_ms < self.strict_until {
-                Some(Reason::Strict)
-            } else {
-                None
-            }
-        };
-        ReadPlan {
-            sequence: self.sequence,
-            current: reason(&self.current, true),
-            // Strict mode refreshes the current window only: the previous one takes no new
-            // increments, so cold and stale cover it.
-            previous: reason(&self.previous, false),
-        }
-    }
-
-    /// Merges an origin answer for cell `sequence` (read, replay or decision) with `max` and
-    /// marks it fresh. Returns false if the state no longer holds that cell.
-    pub fn apply_origin(
-        &mut self,
-        sequence: u64,
-        counts: Counts,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) -> bool {
-        if !self.merge_fresh(sequence, counts, now_ms, policy) {
-            return false;
-        }
-        if sequence == self.sequence {
-            self.band
-                .observe(counts.regional, None, now_ms, policy.replay_interval_ms);
-        }
-        true
-    }
-
-    /// Records a failed origin call for cell `sequence`: the cell stays as fresh as it was
-    /// (a failure proves nothing) and is not read again for `read_retry_ms`.
-    pub fn fail_origin(&mut self, sequence: u64, now_ms: u64, policy: &OriginPolicy) -> bool {
+    /// Merges counts of cell `sequence` seen elsewhere (a read, the region view) with `max`;
+    /// grants nothing. Returns false if the state no longer holds that cell.
+    pub fn merge_counts(&mut self, sequence: u64, counts: Counts) -> bool {
         let Some(cell) = self.cell_mut(sequence) else {
             return false;
         };
-        cell.read_retry_at = now_ms.saturating_add(policy.read_retry_ms);
+        cell.counts.merge(counts);
         true
+    }
+
+    /// Records a failed origin call: the lease stays as it was (a failure proves nothing)
+    /// and no call is tried again for `read_retry_ms`; decisions are local meanwhile.
+    pub fn fail_origin(&mut self, now_ms: u64, policy: &OriginPolicy) {
+        self.current.read_retry_at = now_ms.saturating_add(policy.read_retry_ms);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::WindowDuration;
 
     fn minute() -> WindowDuration {
         WindowDuration::from_ms(60_000).unwrap()
     }
     const T: u64 = 60_000 * 100;
 
+    fn answer(plan: &OriginPlan, counted: bool, current: u64, lease: u64) -> OriginAnswer {
+        OriginAnswer {
+            limit: 10,
+            remaining: 0,
+            reset_ms: T + 60_000,
+            sequence: plan.sequence,
+            counted,
+            denied: !counted,
+            current: Counts {
+                regional: current,
+                global: 0,
+            },
+            previous: Counts::default(),
+            used: plan.used[0],
+            lease,
+            lease_id: u64::from(lease > 0),
+            lease_ms: DEFAULT_LEASE_MS,
+        }
+    }
+
+    fn plan(s: &WindowState, now: u64) -> OriginPlan {
+        match s.classify(minute(), 10, 1, now) {
+            Verdict::Origin(p) => p,
+            Verdict::Local(d) => panic!("decided locally: {d:?}"),
+        }
+    }
+
     #[test]
-    fn a_new_key_reads_both_cells_cold() {
+    fn a_new_key_is_decided_at_the_origin() {
         let s = WindowState::new(minute(), T);
-        let plan = s.plan_reads(T);
-        assert_eq!(plan.current, Some(Reason::Cold));
-        assert_eq!(plan.previous, Some(Reason::Cold));
+        let p = plan(&s, T);
+        assert_eq!(p.reason, Reason::Cold);
+        assert_eq!(p.used, [0, 0]);
+        assert_eq!(p.want, 10, "as much as the origin will lend");
+    }
+
+    #[test]
+    fn a_lease_covers_local_passes_until_it_runs_out_or_expires() {
+        let mut s = WindowState::new(minute(), T);
+        let p = plan(&s, T);
+        let d = s.apply_decided(minute(), &p, &answer(&p, true, 1, 2), 1, T);
+        assert!(d.success);
+        assert_eq!(s.current().counts().regional, 1, "counted at the origin");
+        assert_eq!((s.current().own(), s.current().lease_left()), (0, 2));
+        let later = T + DEFAULT_LEASE_MS;
         assert_eq!(
-            plan.cells().collect::<alloc::vec::Vec<_>>(),
-            [(100, Reason::Cold), (99, Reason::Cold)]
+            plan(&s, later).reason,
+            Reason::Stale,
+            "expired, though not used up"
+        );
+        for _ in 0..2 {
+            assert!(matches!(s.classify(minute(), 10, 1, T + 1), Verdict::Local(d) if d.success));
+            s.decide(minute(), 10, 1, T + 1);
+        }
+        let p = plan(&s, T + 2);
+        assert_eq!(p.reason, Reason::Lease);
+        assert_eq!(p.used, [2, 0]);
+        assert_eq!(p.want, 4, "slow start: twice the last grant");
+    }
+
+    #[test]
+    fn a_denial_keeps_the_lease_and_strict_mode_stops_its_growth() {
+        let mut s = WindowState::new(minute(), T);
+        let p = plan(&s, T);
+        s.apply_decided(minute(), &p, &answer(&p, true, 1, 2), 1, T);
+        let p = OriginPlan {
+            reason: Reason::Lease,
+            ..p
+        };
+        // Denied for others' leases, which the local view does not see.
+        let d = s.apply_decided(minute(), &p, &answer(&p, false, 1, 0), 3, T + 1);
+        assert!(!d.success);
+        assert_eq!(s.current().lease_left(), 2, "the origin keeps it too");
+        assert_eq!(s.strict_until(), T + 1 + 60_000);
+        for _ in 0..2 {
+            assert!(matches!(s.classify(minute(), 10, 1, T + 2), Verdict::Local(d) if d.success));
+            s.decide(minute(), 10, 1, T + 2);
+        }
+        let p = plan(&s, T + 2);
+        assert_eq!(
+            (p.reason, p.want),
+            (Reason::Strict, 2),
+            "no growth while strict"
         );
     }
 
     #[test]
-    fn an_answer_merges_with_max_and_freshens() {
-        let p = OriginPolicy::default();
+    fn only_a_newer_lease_replaces_the_one_in_use() {
         let mut s = WindowState::new(minute(), T);
-        s.current.counts.regional = 7;
-        assert!(s.apply_origin(
-            100,
-            Counts {
-                regional: 5,
-                global: 2
-            },
-            T,
-            &p
+        let p = plan(&s, T);
+        // The origin answered a first call with lease 1 (ceiling 0 + 8), then a second, after
+        // a replay of 2 local passes, with lease 2 (it kept the live ceiling: 2 + 6). The
+        // answers arrive reversed: the older one changes nothing.
+        let later = OriginAnswer {
+            used: 2,
+            lease_id: 2,
+            ..answer(&p, true, 2, 6)
+        };
+        s.apply_decided(minute(), &p, &later, 1, T);
+        s.apply_decided(minute(), &p, &answer(&p, true, 2, 8), 1, T);
+        assert_eq!((s.current().own(), s.current().lease_id()), (2, 2));
+        assert_eq!(s.current().lease_left(), 6);
+        // Given back, it stays given back, whatever answer about it arrives late.
+        assert_eq!(s.release_lease(), 2);
+        s.apply_decided(minute(), &p, &later, 1, T);
+        assert_eq!(s.current().lease_left(), 0);
+    }
+
+    #[test]
+    fn the_origins_own_count_wins_over_a_forgotten_local_one() {
+        // An entry evicted and created again starts at own 0; the origin remembers 30.
+        let mut s = WindowState::new(minute(), T);
+        let p = plan(&s, T);
+        let a = OriginAnswer {
+            used: 31,
+            ..answer(&p, true, 31, 4)
+        };
+        s.apply_decided(minute(), &p, &a, 1, T);
+        assert_eq!(s.current().own(), 31);
+        assert_eq!(s.current().lease_left(), 4);
+    }
+
+    #[test]
+    fn a_failed_call_decides_locally_until_the_retry_delay() {
+        let policy = OriginPolicy::default();
+        let mut s = WindowState::new(minute(), T);
+        s.fail_origin(T, &policy);
+        assert!(matches!(
+            s.classify(minute(), 10, 1, T + 299),
+            Verdict::Local(_)
         ));
-        assert!(s.apply_origin(
-            99,
-            Counts {
-                regional: 1,
-                global: 0
-            },
-            T,
-            &p
-        ));
-        assert_eq!(
-            s.current().counts(),
-            Counts {
-                regional: 7,
-                global: 2
-            }
-        );
-        assert!(s.plan_reads(T + 4_999).is_empty());
-        assert_eq!(s.plan_reads(T + 5_000).current, Some(Reason::Stale));
-        assert!(!s.apply_origin(98, Counts::default(), T, &p), "not held");
-    }
-
-    #[test]
-    fn a_failed_read_is_not_fresh_and_retries_after_the_delay() {
-        let p = OriginPolicy::default();
-        let mut s = WindowState::new(minute(), T);
-        assert!(s.fail_origin(100, T, &p));
-        assert!(!s.current().is_fresh(T));
-        assert!(!s.current().is_warm());
-        assert_eq!(
-            s.plan_reads(T + 299).current,
-            None,
-            "decided locally meanwhile"
-        );
-        assert_eq!(s.plan_reads(T + 300).current, Some(Reason::Cold));
-    }
-
-    #[test]
-    fn strict_mode_reads_the_current_cell_only() {
-        let p = OriginPolicy::default();
-        let mut s = WindowState::new(minute(), T);
-        s.apply_origin(100, Counts::default(), T, &p);
-        s.apply_origin(99, Counts::default(), T, &p);
-        s.strict_until = T + 60_000;
-        let plan = s.plan_reads(T + 1);
-        assert_eq!(plan.current, Some(Reason::Strict));
-        assert_eq!(plan.previous, None);
+        assert_eq!(plan(&s, T + 300).reason, Reason::Cold);
     }
 
     #[test]
     fn strict_mode_survives_the_sequence_rollover() {
-        let p = OriginPolicy::default();
         let mut s = WindowState::new(minute(), T);
-        s.apply_origin(100, Counts::default(), T, &p);
-        s.apply_origin(99, Counts::default(), T, &p);
+        let p = plan(&s, T);
+        s.apply_decided(minute(), &p, &answer(&p, true, 1, 5), 1, T);
         // Denied 10 s before the end of window 100.
-        let d = s.decide(minute(), 0, 1, T + 50_000, &p);
+        let d = s.decide(minute(), 0, 1, T + 50_000);
         assert!(!d.success);
         let now = T + 61_000; // window 101
         s.roll(minute(), now);
-        s.apply_origin(101, Counts::default(), now, &p);
-        s.apply_origin(100, Counts::default(), now, &p);
-        assert_eq!(s.plan_reads(now).current, Some(Reason::Strict));
-        assert_ne!(
-            s.plan_reads(T + 110_000).current,
-            Some(Reason::Strict),
-            "strict ends one duration after the denial"
-        );
+        let p = plan(&s, now);
+        s.apply_decided(minute(), &p, &answer(&p, true, 1, 0), 1, now);
+        assert_eq!(plan(&s, now + 1).reason, Reason::Strict);
+    }
+
+    #[test]
+    fn a_replay_answer_acknowledges_the_own_count_once() {
+        let mut s = WindowState::new(minute(), T);
+        s.decide(minute(), 10, 3, T);
+        assert_eq!(s.current().unacked(), 3);
+        let c = Counts {
+            regional: 5,
+            global: 0,
+        };
+        assert!(s.apply_replay(100, c, 3));
+        assert!(s.apply_replay(100, c, 3), "twice is harmless");
+        assert_eq!(s.current().unacked(), 0);
+        assert_eq!(s.current().counts().regional, 5);
+        assert!(!s.apply_replay(98, c, 1), "not held");
     }
 }

@@ -1,4 +1,4 @@
-//! The JSON wire types of gateway API v1 (DESIGN section 4), and their validation.
+//! The JSON wire types of gateway API v1, and their validation.
 //!
 //! Parsing is the shell's job (serde_json in the gateway and edges); validation is here, so
 //! every shell rejects the same inputs with the same codes and messages. Counts and costs are
@@ -208,9 +208,6 @@ pub struct CellRequest {
 /// `POST /v1/origin/read` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadRequest {
-    /// The reading process's random id (optional): counted among the keys' peers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
     /// Cells to read.
     pub cells: Vec<CellRequest>,
 }
@@ -220,13 +217,9 @@ pub struct ReadRequest {
 pub struct CellsResponse {
     /// One entry per requested cell or event.
     pub cells: Vec<Counts>,
-    /// For a read or replay that named its `instance`: the distinct processes recently seen
-    /// on each entry's key, in request order (the band's peer count).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peers: Option<Vec<u32>>,
 }
 
-/// One accepted request (or several, summed) replayed to the origin.
+/// A process's own cumulative count of one cell, replayed to the origin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayEvent {
     /// Group of limits.
@@ -237,19 +230,23 @@ pub struct ReplayEvent {
     pub duration: u64,
     /// The window's sequence.
     pub sequence: u64,
-    /// Cost admitted locally.
-    pub cost: u64,
+    /// Everything the process admitted in the cell so far (not a delta): the origin keeps
+    /// the largest value per process, so a repeated or late replay counts once.
+    pub used: u64,
     /// The limit it was admitted under (the origin's publish floor follows it).
     pub limit: u64,
+    /// The id of a lease the process gives back on the cell (default 0: none); it stopped
+    /// using it before sending this. Dropped only if no newer lease replaced it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub release: u64,
 }
 
 /// `POST /v1/origin/replay` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayRequest {
-    /// The replaying process's random id (optional): counted among the keys' peers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
-    /// Events; those of one cell are summed before they reach Redis.
+    /// The replaying process's random id: own counts are kept per process.
+    pub instance: String,
+    /// One event per cell (for a cell named twice, the larger value counts).
     pub events: Vec<ReplayEvent>,
 }
 
@@ -267,17 +264,30 @@ pub struct DecideLimitRequest {
     /// Cost of this request (default 1).
     #[serde(default = "one")]
     pub cost: u64,
-    /// Cost the origin has not been told of that it must count as used (default 0): the
-    /// caller's own accepted but unreplayed cost on the current cell, plus its band (its
-    /// estimate of other processes' unreplayed passes).
+    /// The caller's current sequence for this window (default: the origin's), which `used`
+    /// and `used_previous` refer to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    /// The caller's own cumulative count in its current cell (default 0): merged with `max`,
+    /// so local passes no replay delivered yet count, once.
     #[serde(default)]
-    pub unseen: u64,
+    pub used: u64,
+    /// The same for its previous cell.
+    #[serde(default)]
+    pub used_previous: u64,
+    /// The lease the caller asks for beyond `cost` (default 0: decide this request only).
+    #[serde(default)]
+    pub want: u64,
+    /// The id of an expired lease the caller gives back (default 0: none): the origin drops
+    /// it, once `used` is merged and if no newer lease replaced it, before deciding.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub release: u64,
 }
 
 /// `POST /v1/origin/decide` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecideRequest {
-    /// The caller's random instance id, counted into `peers`.
+    /// The caller's random instance id: own counts and leases are kept per instance.
     pub instance: String,
     /// The limits, decided all or nothing at the origin.
     pub limits: Vec<DecideLimitRequest>,
@@ -301,8 +311,15 @@ pub struct DecideResult {
     pub current: Counts,
     /// The previous cell.
     pub previous: Counts,
-    /// Distinct instances that recently wrote to the cell.
-    pub peers: u32,
+    /// The caller's own cumulative count in the current cell at the origin, after this.
+    pub used: u64,
+    /// The lease: the caller may admit this much more from its own memory...
+    pub lease: u64,
+    /// ...under this id (0 with no lease; a newer lease has a larger id)...
+    #[serde(default)]
+    pub lease_id: u64,
+    /// ...for this long from its request (milliseconds).
+    pub lease_ms: u64,
 }
 
 /// `POST /v1/origin/decide` answer.
@@ -330,8 +347,14 @@ pub struct CellRef<'a> {
 pub struct DecideRef<'a> {
     /// The limit.
     pub limit: LimitRequest<'a>,
-    /// Cost to count as used that the origin does not hold.
-    pub unseen: u64,
+    /// The caller's sequence, if it named one.
+    pub sequence: Option<u64>,
+    /// The caller's own cumulative counts of its current and previous cells.
+    pub used: [u64; 2],
+    /// The lease asked for.
+    pub want: u64,
+    /// The id of the lease the caller gives back (0: none).
+    pub release: u64,
 }
 
 /// A validated replay event.
@@ -339,10 +362,18 @@ pub struct DecideRef<'a> {
 pub struct ReplayRef<'a> {
     /// The cell it counts on.
     pub cell: CellRef<'a>,
-    /// Cost admitted.
-    pub cost: u64,
+    /// The process's cumulative count of the cell.
+    pub used: u64,
     /// The limit it was admitted under.
     pub limit: u64,
+    /// The id of the lease the process gives back (0: none).
+    pub release: u64,
+}
+
+/// For `skip_serializing_if`: a zero id is left out.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde passes a reference
+const fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn key<'a>(
@@ -469,13 +500,20 @@ impl DecideRequest {
             .enumerate()
             .map(|(i, l)| {
                 let path = format!("limits[{i}].");
+                let key = key(&path, workspace, &l.namespace, &l.identifier, l.duration)?;
                 Ok(DecideRef {
                     limit: LimitRequest {
-                        key: key(&path, workspace, &l.namespace, &l.identifier, l.duration)?,
+                        key,
                         limit: count(&path, "limit", l.limit)?,
                         cost: count(&path, "cost", l.cost)?,
                     },
-                    unseen: count(&path, "unseen", l.unseen)?,
+                    sequence: l.sequence.map(|s| sequence(&path, &key, s)).transpose()?,
+                    used: [
+                        count(&path, "used", l.used)?,
+                        count(&path, "used_previous", l.used_previous)?,
+                    ],
+                    want: count(&path, "want", l.want)?,
+                    release: l.release,
                 })
             })
             .collect()
@@ -485,9 +523,6 @@ impl DecideRequest {
 impl ReadRequest {
     /// Validates every cell (0 ..= `MAX_BATCH`).
     pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<CellRef<'a>>, WireError> {
-        if let Some(instance) = &self.instance {
-            validate_instance(instance)?;
-        }
         batch("cells", &self.cells, 0, MAX_BATCH)?;
         self.cells
             .iter()
@@ -505,9 +540,7 @@ impl ReadRequest {
 impl ReplayRequest {
     /// Validates every event (0 ..= `MAX_BATCH`).
     pub fn validate<'a>(&'a self, workspace: &'a str) -> Result<Vec<ReplayRef<'a>>, WireError> {
-        if let Some(instance) = &self.instance {
-            validate_instance(instance)?;
-        }
+        validate_instance(&self.instance)?;
         batch("events", &self.events, 0, MAX_BATCH)?;
         self.events
             .iter()
@@ -520,8 +553,9 @@ impl ReplayRequest {
                         key,
                         sequence: sequence(&path, &key, e.sequence)?,
                     },
-                    cost: count(&path, "cost", e.cost)?,
+                    used: count(&path, "used", e.used)?,
                     limit: count(&path, "limit", e.limit)?,
+                    release: e.release,
                 })
             })
             .collect()

@@ -38,7 +38,7 @@ fn run(limit: u64, duration_ms: u64, (num, den): (u64, u64)) -> Outcome {
     for k in 0..offered {
         // Evenly spaced over the run: arrival k at start + k * span / offered.
         let now = start + (u128::from(k) * u128::from(span) / u128::from(offered)) as u64;
-        if state.decide(d, limit, 1, now, &Default::default()).success {
+        if state.decide(d, limit, 1, now).success {
             admitted_at.push(now);
             per_window[((now - start) / duration_ms) as usize] += 1;
         }

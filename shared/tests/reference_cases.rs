@@ -9,8 +9,12 @@
 )] // test code: a panic is the failure report
 
 use strata_core::origin::Reason;
+use strata_core::request::{FailureMode, OriginCall};
 use strata_core::table::{LimitRequest, Step};
-use strata_core::{CounterTable, Counts, PublishPolicy, TableConfig, WindowDuration, WindowKeyRef};
+use strata_core::{
+    CounterTable, Counts, LimitCheck, OriginAnswer, OriginPlan, PublishPolicy, TableConfig,
+    WindowCounts, WindowDuration, WindowKeyRef,
+};
 
 const MINUTE_MS: u64 = 60_000;
 const T0: u64 = 28_333_333 * MINUTE_MS; // start of a minute window
@@ -27,12 +31,64 @@ fn table() -> CounterTable {
     CounterTable::new(TableConfig::default(), 42)
 }
 
-/// Answers a read plan as an origin that holds nothing yet would.
+/// The origin's answer to `plan` when it holds `current` and `previous` for the key (after
+/// counting the request, if it passed) and grants `lease`.
+fn answer(
+    plan: &OriginPlan,
+    limit: u64,
+    current: u64,
+    previous: u64,
+    lease: u64,
+    now: u64,
+) -> OriginAnswer {
+    let counts = WindowCounts {
+        current: Counts {
+            regional: current,
+            global: 0,
+        },
+        previous: Counts {
+            regional: previous,
+            global: 0,
+        },
+    };
+    let after = LimitCheck {
+        counts,
+        duration: minute(),
+        limit,
+        cost: 0,
+    }
+    .decide(now, 0);
+    OriginAnswer {
+        limit,
+        remaining: after.remaining,
+        reset_ms: after.reset_ms,
+        sequence: plan.sequence,
+        counted: true,
+        denied: false,
+        current: counts.current,
+        previous: counts.previous,
+        used: plan.used[0],
+        lease,
+        lease_id: u64::from(lease > 0),
+        lease_ms: 5_000,
+    }
+}
+
+/// Decides a cost-0 check at an origin that holds nothing yet and leases nothing, through
+/// the table's request path, so the key's current cell is warm.
 fn warm_up(t: &mut CounterTable, k: WindowKeyRef<'_>, limit: u64, now: u64) {
     if let Step::Origin(plan) = t.check(k, limit, 0, now) {
-        for (sequence, _) in plan.reads.cells() {
-            assert!(t.apply_origin(k, sequence, Counts::default(), now));
-        }
+        let call = OriginCall::single(
+            LimitRequest {
+                key: k,
+                limit,
+                cost: 0,
+            },
+            plan,
+        );
+        let a = answer(&plan, limit, 0, 0, 0, now);
+        assert!(t.finish(&call, &[a], now).unwrap().success);
+        assert!(t.get(k).unwrap().current().is_warm());
     }
 }
 
@@ -213,48 +269,61 @@ fn foreign_counts_are_never_published() {
 fn strict_mode_survives_the_sequence_rollover() {
     let mut t = table();
     let k = key("hammer");
-    warm_up(&mut t, k, 1, T0);
-    assert!(t.decide(k, 1, 1, T0 + 50_000).success);
-    assert!(!t.decide(k, 1, 1, T0 + 55_000).success);
-    // Next window: both cells get fresh answers, yet the key is still strict.
-    let now = T0 + MINUTE_MS + 1_000;
-    let seq = minute().sequence(now);
-    t.apply_origin(k, seq, Counts::default(), now);
-    t.apply_origin(
-        k,
-        seq - 1,
-        Counts {
-            regional: 1,
-            global: 0,
+    warm_up(&mut t, k, 10, T0);
+    assert!(t.decide(k, 10, 10, T0 + 50_000).success);
+    assert!(!t.decide(k, 10, 1, T0 + 55_000).success);
+    // Next window, halfway: window N's 10 weigh 5, so a request of 1 would pass locally. The
+    // new cell is cold: the origin decides.
+    let now = T0 + MINUTE_MS + 30_000;
+    let Step::Origin(plan) = t.check(k, 10, 1, now) else {
+        panic!("a cold cell must not pass locally");
+    };
+    assert_eq!((plan.reason, plan.want), (Reason::Cold, 10));
+    let call = OriginCall::single(
+        LimitRequest {
+            key: k,
+            limit: 10,
+            cost: 1,
         },
-        now,
+        plan,
     );
-    let Step::Origin(plan) = t.check(k, 1, 1, now) else {
+    let a = answer(&plan, 10, 1, 10, 0, now);
+    assert!(t.finish(&call, &[a], now).unwrap().success);
+    // The new window has its origin answer (no lease), and the key is still strict: the next
+    // pass is decided at the origin too, asking for no more than its last lease.
+    let Step::Origin(plan) = t.check(k, 10, 1, now + 1) else {
         panic!("a strict key must not pass locally");
     };
-    assert_eq!(plan.reason, Reason::Strict);
-    assert_eq!(plan.reads.current, Some(Reason::Strict));
-    assert_eq!(plan.reads.previous, None);
+    assert_eq!((plan.reason, plan.want), (Reason::Strict, 1));
+    assert_eq!(
+        t.get(k).unwrap().current().counts().regional,
+        1,
+        "only the origin's pass"
+    );
 }
 
 #[test]
-fn a_failed_read_is_not_fresh() {
+fn a_failed_origin_call_is_not_fresh() {
     let mut t = table();
     let k = key("origin-down");
     let Step::Origin(plan) = t.check(k, 10, 1, T0) else {
         panic!("cold");
     };
-    for (sequence, _) in plan.reads.cells() {
-        assert!(t.fail_origin(k, sequence, T0));
-    }
-    assert!(
-        t.decide(k, 10, 1, T0).success,
-        "falls back to the local count"
+    let call = OriginCall::single(
+        LimitRequest {
+            key: k,
+            limit: 10,
+            cost: 1,
+        },
+        plan,
     );
+    let d = t.fail(&call, FailureMode::Local, T0).unwrap();
+    assert!(d.success, "falls back to the local count");
     let state = t.get(k).unwrap();
     assert!(!state.current().is_fresh(T0) && !state.current().is_warm());
+    assert_eq!(state.current().counts().regional, 1);
     // Within the retry delay decisions stay local; after it the origin is tried again.
-    assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Decided(_)));
-    assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Origin(_)));
+    assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Decided(d) if d.success));
+    assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Origin(p) if p.reason == Reason::Cold));
     assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
 }

@@ -8,7 +8,12 @@
 )] // test code: a panic is the failure report
 
 use strata_core::table::{LimitRequest, MIN_CAPACITY, Step};
-use strata_core::{CounterTable, Counts, PublishPolicy, TableConfig, WindowDuration, WindowKeyRef};
+use strata_core::{
+    Begin, CounterTable, Counts, FailureMode, OriginAnswer, OriginPlan, PublishPolicy, Reason,
+    TableConfig, WindowDuration, WindowKeyRef,
+};
+
+mod support;
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -34,20 +39,22 @@ fn key(id: &str) -> WindowKeyRef<'_> {
     WindowKeyRef::new("ws", "ns", id, second()).unwrap()
 }
 
+// Eviction order is tested with cost-0 checks: an entry holding unreplayed cost is passed
+// over (tested below), which would hide the order.
 #[test]
 fn capacity_is_never_exceeded_and_an_unused_entry_goes_before_used_ones() {
     let ids = names(MIN_CAPACITY + 1);
     let mut t = small(MIN_CAPACITY);
     for id in &ids[..MIN_CAPACITY] {
-        t.decide(key(id), 10, 1, T0);
+        t.decide(key(id), 10, 0, T0);
     }
     // Use every entry again but user-7: it is the only one the eviction hand may take.
     for (i, id) in ids[..MIN_CAPACITY].iter().enumerate() {
         if i != 7 {
-            t.decide(key(id), 10, 1, T0);
+            t.decide(key(id), 10, 0, T0);
         }
     }
-    t.decide(key(&ids[MIN_CAPACITY]), 10, 1, T0);
+    t.decide(key(&ids[MIN_CAPACITY]), 10, 0, T0);
     assert_eq!(t.len(), MIN_CAPACITY);
     assert!(
         t.get(key(&ids[7])).is_none(),
@@ -65,15 +72,15 @@ fn a_flood_of_new_keys_evicts_itself_before_keys_in_use() {
     let mut t = small(MIN_CAPACITY);
     let hot = &ids[..MIN_CAPACITY / 2];
     for id in hot {
-        t.decide(key(id), 10, 1, T0);
+        t.decide(key(id), 10, 0, T0);
     }
     for flood in ids[MIN_CAPACITY..].chunks(8) {
         // The hot keys keep being used between bursts of one-off keys.
         for id in hot {
-            t.decide(key(id), 1_000, 1, T0);
+            t.decide(key(id), 1_000, 0, T0);
         }
         for id in flood {
-            t.decide(key(id), 10, 1, T0);
+            t.decide(key(id), 10, 0, T0);
         }
     }
     assert_eq!(t.len(), MIN_CAPACITY);
@@ -91,11 +98,11 @@ fn an_evicted_key_comes_back_cold() {
     let ids = names(MIN_CAPACITY + 1);
     let mut t = small(MIN_CAPACITY);
     for id in &ids {
-        t.decide(key(id), 10, 1, T0);
+        t.decide(key(id), 10, 0, T0);
     }
     let gone: Vec<&String> = ids.iter().filter(|id| t.get(key(id)).is_none()).collect();
     assert_eq!(gone.len(), 1);
-    assert!(matches!(t.check(key(gone[0]), 10, 1, T0), Step::Origin(_)));
+    assert!(matches!(t.check(key(gone[0]), 10, 0, T0), Step::Origin(_)));
 }
 
 #[test]
@@ -219,12 +226,37 @@ fn a_multi_limit_naming_one_key_twice_is_charged_twice() {
     assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
 }
 
+/// What an origin answers for a pass of `plan` that leaves `remaining`, with a lease.
+fn granted(plan: &OriginPlan, limit: u64, regional: u64, lease: u64) -> OriginAnswer {
+    OriginAnswer {
+        limit,
+        remaining: limit - regional,
+        reset_ms: second().reset(plan.sequence),
+        sequence: plan.sequence,
+        counted: true,
+        denied: false,
+        current: Counts {
+            regional,
+            global: 0,
+        },
+        previous: Counts::default(),
+        used: plan.used[0],
+        lease,
+        lease_id: u64::from(lease > 0),
+        lease_ms: 5_000,
+    }
+}
+
+/// Decides `key` once at a scripted origin that grants `lease`.
+fn warm(t: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: u64) {
+    support::warm(t, key, limit, lease, T0);
+}
+
 #[test]
-fn multi_check_asks_for_reads_before_counting_anything() {
+fn a_multi_limit_request_goes_to_the_origin_whole_and_counts_nothing_first() {
     let mut t = small(100);
     let (a, b) = (key("a"), key("b"));
-    t.apply_origin(a, second().sequence(T0), Counts::default(), T0);
-    t.apply_origin(a, second().sequence(T0) - 1, Counts::default(), T0);
+    warm(&mut t, a, 3, 2);
     let limits = [
         LimitRequest {
             key: a,
@@ -237,12 +269,152 @@ fn multi_check_asks_for_reads_before_counting_anything() {
             cost: 1,
         },
     ];
-    let strata_core::MultiStep::Origin(reads) = t.check_all(&limits, T0).unwrap() else {
+    let Begin::Call(call) = t.begin(&limits, T0).unwrap() else {
         panic!("b is cold");
     };
-    assert_eq!(reads.len(), 1);
-    assert_eq!(reads[0].0, 1);
-    assert_eq!(t.get(a).unwrap().current().counts().regional, 0);
+    let reasons: Vec<Reason> = call.limits().iter().map(|l| l.plan.reason).collect();
+    assert_eq!(
+        reasons,
+        [Reason::Lease, Reason::Cold],
+        "a's lease covers it, yet it goes too"
+    );
+    assert_eq!(
+        t.get(a).unwrap().current().own(),
+        0,
+        "nothing counted locally"
+    );
+    let plans: Vec<OriginPlan> = call.limits().iter().map(|l| l.plan).collect();
+    let answers = [granted(&plans[0], 3, 2, 0), granted(&plans[1], 3, 1, 1)];
+    let multi = t.finish(&call, &answers, T0).unwrap();
+    assert!(multi.success);
+    assert_eq!(t.get(a).unwrap().current().counts().regional, 2);
+    assert_eq!(t.get(b).unwrap().current().lease_left(), 1);
+}
+
+#[test]
+fn a_failed_origin_call_falls_back_to_local_memory_all_or_nothing() {
+    let mut t = small(100);
+    let (a, b) = (key("a"), key("b"));
+    let limits = [
+        LimitRequest {
+            key: a,
+            limit: 1,
+            cost: 1,
+        },
+        LimitRequest {
+            key: b,
+            limit: 5,
+            cost: 1,
+        },
+    ];
+    let Begin::Call(call) = t.begin(&limits, T0).unwrap() else {
+        panic!("both cold");
+    };
+    let local = t.fail(&call, FailureMode::Local, T0).unwrap();
+    assert!(local.success, "the local view has room");
+    let Begin::Decided(again) = t.begin(&limits, T0 + 1).unwrap() else {
+        panic!("within the retry delay, and a's local view denies");
+    };
+    assert!(!again.success);
+    assert_eq!(
+        t.get(b).unwrap().current().counts().regional,
+        1,
+        "b not charged"
+    );
+    let Begin::Call(call) = t.begin(&limits[1..], T0 + 300).unwrap() else {
+        panic!("the retry delay passed");
+    };
+    assert!(!t.fail(&call, FailureMode::Deny, T0 + 300).unwrap().success);
+    assert!(t.fail(&call, FailureMode::Allow, T0 + 300).unwrap().success);
+}
+
+#[test]
+fn the_replay_carries_cumulative_counts_and_a_repeat_is_harmless() {
+    let mut t = small(100);
+    let k = key("r");
+    warm(&mut t, k, 100, 10);
+    for _ in 0..3 {
+        assert!(matches!(t.check(k, 100, 1, T0 + 1), Step::Decided(d) if d.success));
+    }
+    let batch = t.take_replay(1_000, T0 + 2);
+    assert_eq!(batch.len(), 1);
+    assert_eq!(
+        batch.events[0].used, 3,
+        "local passes only: the first was counted there"
+    );
+    let again = t.take_replay(1_000, T0 + 2);
+    assert_eq!(
+        again, batch,
+        "nothing is removed before the origin acknowledges it"
+    );
+    let counts = [Counts {
+        regional: 4,
+        global: 0,
+    }];
+    t.ack_replay(&batch, &counts);
+    t.ack_replay(&batch, &counts);
+    assert_eq!(t.get(k).unwrap().current().unacked(), 0);
+    assert!(t.take_replay(1_000, T0 + 3).is_empty());
+    assert!(matches!(t.check(k, 100, 1, T0 + 4), Step::Decided(d) if d.success));
+    assert_eq!(t.take_replay(1_000, T0 + 5).events[0].used, 4);
+}
+
+#[test]
+fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
+    let mut t = small(100);
+    let k = key("idle");
+    warm(&mut t, k, 10, 4);
+    assert!(
+        t.take_replay(1_000, T0 + 100).is_empty(),
+        "first seen by a pass: kept"
+    );
+    assert!(matches!(t.check(k, 10, 1, T0 + 150), Step::Decided(d) if d.success));
+    let used = t.take_replay(1_000, T0 + 200);
+    assert_eq!(used.events[0].release, 0, "used since the last pass: kept");
+    t.ack_replay(&used, &[Counts::default()]);
+    let batch = t.take_replay(1_000, T0 + 300);
+    assert_eq!(batch.len(), 1);
+    assert_eq!(
+        batch.events[0].release, 1,
+        "3 unused of the 8 left, a whole interval"
+    );
+    assert_eq!(
+        t.get(k).unwrap().current().lease_left(),
+        0,
+        "stopped using it first"
+    );
+    let far = key("far");
+    warm(&mut t, far, 1_000, 4);
+    for at in [T0 + 400, T0 + 500] {
+        assert!(
+            t.take_replay(1_000, at).is_empty(),
+            "far from the limit: kept"
+        );
+    }
+}
+
+#[test]
+fn unreplayed_entries_are_evicted_last_and_their_loss_is_counted() {
+    let ids = names(MIN_CAPACITY * 2);
+    let mut t = small(MIN_CAPACITY);
+    let held = key("held");
+    assert!(
+        t.decide(held, 100, 5, T0).success,
+        "a local pass waiting for replay"
+    );
+    for id in &ids {
+        t.decide(key(id), 100, 0, T0);
+    }
+    assert_eq!(t.get(held).unwrap().current().unacked(), 5, "passed over");
+    assert_eq!(t.stats().replay_lost, 0);
+    let busy: Vec<String> = (0..MIN_CAPACITY * 2).map(|i| format!("busy-{i}")).collect();
+    for id in &busy {
+        t.decide(key(id), 100, 1, T0);
+    }
+    assert!(
+        t.stats().replay_lost > 0,
+        "a table full of unreplayed keys loses some, counted"
+    );
 }
 
 #[test]

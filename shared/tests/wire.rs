@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
 
 use strata_core::wire::{
-    CellsResponse, DecideRequest, ErrorCode, MAX_BATCH, MAX_COUNT, MAX_MULTI_LIMITS, MultiRequest,
-    RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+    CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BATCH, MAX_COUNT,
+    MAX_MULTI_LIMITS, MultiRequest, RatelimitRequest, RatelimitResponse, ReadRequest,
+    ReplayRequest,
 };
 use strata_core::{Counts, Decision};
 
@@ -115,6 +116,37 @@ fn batches_are_bounded_with_413_and_empty_multi_is_400() {
         read.validate("ws").unwrap_err().code,
         ErrorCode::PayloadTooLarge
     );
+
+    let event =
+        r#"{"namespace":"n","identifier":"a","duration":1000,"sequence":5,"used":1,"limit":5}"#;
+    let replay = |n: usize| -> ReplayRequest {
+        parse(&format!(
+            r#"{{"instance":"e1","events":[{}]}}"#,
+            vec![event; n].join(",")
+        ))
+    };
+    assert_eq!(replay(MAX_BATCH).validate("ws").unwrap().len(), MAX_BATCH);
+    let err = replay(MAX_BATCH + 1).validate("ws").unwrap_err();
+    assert_eq!(
+        (err.code, err.code.status()),
+        (ErrorCode::PayloadTooLarge, 413)
+    );
+    assert!(err.message.starts_with("events: "), "{}", err.message);
+
+    let limit = r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000}"#;
+    let decide: DecideRequest = parse(&format!(
+        r#"{{"instance":"e1","limits":[{}]}}"#,
+        vec![limit; MAX_MULTI_LIMITS + 1].join(",")
+    ));
+    assert_eq!(
+        decide.validate("ws").unwrap_err().code,
+        ErrorCode::PayloadTooLarge
+    );
+    let empty: DecideRequest = parse(r#"{"instance":"e1","limits":[]}"#);
+    assert_eq!(
+        empty.validate("ws").unwrap_err().code,
+        ErrorCode::InvalidRequest
+    );
 }
 
 #[test]
@@ -128,28 +160,69 @@ fn errors_in_a_batch_name_their_index() {
         "limits[1].identifier: identifier must not be empty"
     );
     let replay: ReplayRequest = parse(
-        r#"{"events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":18446744073709551615,"cost":1,"limit":5}]}"#,
+        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":5,"used":1,"limit":5},
+                                      {"namespace":"n","identifier":"a","duration":1000,"sequence":18446744073709551615,"used":1,"limit":5}]}"#,
     );
     assert_eq!(
         replay.validate("ws").unwrap_err().message,
-        "events[0].sequence: is out of range"
+        "events[1].sequence: is out of range"
     );
 }
 
 #[test]
 fn replay_and_read_validate_to_cells() {
     let replay: ReplayRequest = parse(
-        r#"{"events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":1700000000,"cost":3,"limit":5}]}"#,
+        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":1700000000,"used":3,"limit":5},
+                                      {"namespace":"n","identifier":"b","duration":1000,"sequence":1700000000,"used":0,"limit":5,"release":1700000006000}]}"#,
     );
     let events = replay.validate("ws").unwrap();
     assert_eq!(events[0].cell.sequence, 1_700_000_000);
-    assert_eq!((events[0].cost, events[0].limit), (3, 5));
+    assert_eq!(events[0].cell.key.identifier(), "a");
+    assert_eq!(
+        (events[0].used, events[0].limit, events[0].release),
+        (3, 5, 0),
+        "release defaults to none"
+    );
+    assert_eq!(
+        (events[1].cell.key.identifier(), events[1].release),
+        ("b", 1_700_000_006_000)
+    );
     let read: ReadRequest = parse(r#"{"cells":[]}"#);
     assert!(read.validate("ws").unwrap().is_empty());
 }
 
 #[test]
-fn decide_requires_a_plain_instance_id_and_reads_unseen() {
+fn replay_requires_a_plain_instance_id_and_a_bounded_used() {
+    let event =
+        r#"{"namespace":"n","identifier":"a","duration":1000,"sequence":5,"used":1,"limit":5}"#;
+    let missing = serde_json::from_str::<ReplayRequest>(&format!(r#"{{"events":[{event}]}}"#))
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("instance"), "{missing}");
+    for (instance, ok) in [("edge-7f3a_01", true), ("", false), ("a/b", false)] {
+        let req: ReplayRequest = parse(&format!(
+            r#"{{"instance":"{instance}","events":[{event}]}}"#
+        ));
+        let result = req.validate("ws");
+        assert_eq!(result.is_ok(), ok, "{instance:?}");
+        if let Err(e) = result {
+            assert!(e.message.starts_with("instance: "), "{}", e.message);
+        }
+    }
+    let too_much: ReplayRequest = parse(
+        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":5,"used":9007199254740992,"limit":5}]}"#,
+    );
+    let err = too_much.validate("ws").unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidRequest);
+    assert!(
+        err.message.starts_with("events[0].used: must be at most"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn decide_requires_a_plain_instance_id_and_reads_the_lease_fields() {
     let limit = r#"{"namespace":"n","identifier":"a","limit":1,"duration":1000,"cost":1}"#;
     for (instance, ok) in [
         ("edge-7f3a_01", true),
@@ -162,21 +235,57 @@ fn decide_requires_a_plain_instance_id_and_reads_unseen() {
         ));
         assert_eq!(req.validate("ws").is_ok(), ok, "{instance:?}");
     }
+    // Defaults: cost 1, no sequence (the origin's), nothing used, no lease asked.
     let req: DecideRequest = parse(
-        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"unseen":4}]}"#,
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000}]}"#,
     );
     let limits = req.validate("ws").unwrap();
-    assert_eq!((limits[0].unseen, limits[0].limit.cost), (4, 1));
-    let too_much: DecideRequest = parse(
-        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"unseen":9007199254740992}]}"#,
+    assert_eq!(
+        (
+            limits[0].limit.cost,
+            limits[0].sequence,
+            limits[0].used,
+            limits[0].want
+        ),
+        (1, None, [0, 0], 0)
     );
-    assert!(
-        too_much
-            .validate("ws")
-            .unwrap_err()
-            .message
-            .starts_with("limits[0].unseen")
+    let req: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,
+            "sequence":1700000000,"used":4,"used_previous":7,"want":8}]}"#,
     );
+    let limits = req.validate("ws").unwrap();
+    assert_eq!(
+        (limits[0].sequence, limits[0].used, limits[0].want),
+        (Some(1_700_000_000), [4, 7], 8)
+    );
+    for field in ["used", "used_previous", "want"] {
+        let too_much: DecideRequest = parse(&format!(
+            r#"{{"instance":"e1","limits":[{limit},{{"namespace":"n","identifier":"a","limit":9,"duration":1000,"{field}":9007199254740992}}]}}"#
+        ));
+        let err = too_much.validate("ws").unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(
+            err.message
+                .starts_with(&format!("limits[1].{field}: must be at most {MAX_COUNT}")),
+            "{field}: {}",
+            err.message
+        );
+        let at_most: DecideRequest = parse(&format!(
+            r#"{{"instance":"e1","limits":[{{"namespace":"n","identifier":"a","limit":9,"duration":1000,"{field}":{MAX_COUNT}}}]}}"#
+        ));
+        assert!(at_most.validate("ws").is_ok(), "{field} at {MAX_COUNT}");
+    }
+    let far: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"sequence":18446744073709551615}]}"#,
+    );
+    assert_eq!(
+        far.validate("ws").unwrap_err().message,
+        "limits[0].sequence: is out of range"
+    );
+    let missing = serde_json::from_str::<DecideRequest>(&format!(r#"{{"limits":[{limit}]}}"#))
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("instance"), "{missing}");
 }
 
 #[test]
@@ -198,15 +307,95 @@ fn responses_have_the_contract_shape() {
             regional: 4,
             global: 2,
         }],
-        peers: None,
     };
     assert_eq!(
         serde_json::to_string(&cells).unwrap(),
         r#"{"cells":[{"regional":4,"global":2}]}"#
     );
+    let decided = DecideResponse {
+        success: true,
+        sequence: 7,
+        results: vec![DecideResult {
+            success: true,
+            limit: 10,
+            remaining: 4,
+            reset: 8_000,
+            sequence: 7,
+            current: Counts {
+                regional: 5,
+                global: 1,
+            },
+            previous: Counts::default(),
+            used: 2,
+            lease: 3,
+            lease_id: 7,
+            lease_ms: 5_000,
+        }],
+    };
+    let json = serde_json::to_string(&decided).unwrap();
+    assert_eq!(
+        json,
+        r#"{"success":true,"sequence":7,"results":[{"success":true,"limit":10,"remaining":4,"reset":8000,"sequence":7,"current":{"regional":5,"global":1},"previous":{"regional":0,"global":0},"used":2,"lease":3,"lease_id":7,"lease_ms":5000}]}"#
+    );
+    assert_eq!(
+        serde_json::from_str::<DecideResponse>(&json).unwrap(),
+        decided
+    );
     let err = strata_core::wire::WireError::new(ErrorCode::Unauthorized, "missing bearer token");
     assert_eq!(
         serde_json::to_string(&err.body()).unwrap(),
         r#"{"error":{"code":"unauthorized","message":"missing bearer token"}}"#
+    );
+}
+
+#[test]
+fn origin_requests_have_the_contract_shape() {
+    use strata_core::wire::{DecideLimitRequest, ReplayEvent};
+    let decide = DecideRequest {
+        instance: "e1".into(),
+        limits: vec![DecideLimitRequest {
+            namespace: "n".into(),
+            identifier: "a".into(),
+            limit: 10,
+            duration: 1_000,
+            cost: 1,
+            sequence: Some(7),
+            used: 4,
+            used_previous: 2,
+            want: 8,
+            release: 0,
+        }],
+    };
+    let json = serde_json::to_string(&decide).unwrap();
+    assert_eq!(
+        json,
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":10,"duration":1000,"cost":1,"sequence":7,"used":4,"used_previous":2,"want":8}]}"#
+    );
+    assert_eq!(
+        serde_json::from_str::<DecideRequest>(&json).unwrap(),
+        decide
+    );
+    let event = |release| ReplayEvent {
+        namespace: "n".into(),
+        identifier: "a".into(),
+        duration: 1_000,
+        sequence: 7,
+        used: 3,
+        limit: 10,
+        release,
+    };
+    let replay = ReplayRequest {
+        instance: "e1".into(),
+        events: vec![event(0), event(9)],
+    };
+    let json = serde_json::to_string(&replay).unwrap();
+    assert_eq!(
+        json,
+        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10},{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10,"release":9}]}"#,
+        "release is written only when set"
+    );
+    assert_eq!(
+        serde_json::from_str::<ReplayRequest>(&json).unwrap(),
+        replay
     );
 }

@@ -86,58 +86,64 @@ impl Global {
     }
 
     /// Records what the regional origin answered for a cell (and the limit, if the answer
-    /// came with one): the region's count, the thing this gateway publishes.
-    pub fn observe(
+    /// came with one): the region's count, the thing this gateway publishes. Returns the
+    /// cell's counts as the gateway answers them: the regional count never below this
+    /// region's own published component, and the other regions' sum as `global`.
+    pub fn record_cell(
         &self,
         key: WindowKeyRef<'_>,
         sequence: u64,
         regional: u64,
         limit: Option<u64>,
         now_ms: u64,
-    ) {
+    ) -> Counts {
         let mut view = self.view();
-        let policy = view.config().origin;
         // One lookup: the entry, rolled to now, takes the answer and the limit.
         let state = view.entry(key, now_ms);
-        let now_ms = state.roll(key.duration(), now_ms);
-        state.apply_origin(
-            sequence,
-            Counts {
-                regional,
-                global: 0,
-            },
-            now_ms,
-            &policy,
-        );
+        state.roll(key.duration(), now_ms);
+        let answered = Counts {
+            regional,
+            global: 0,
+        };
+        state.merge_counts(sequence, answered);
         if let Some(limit) = limit {
             state.observe_limit(limit);
         }
-    }
-
-    /// The other regions' imported counts of window `sequence` and the one before, in one
-    /// look at the view (what an origin decision adds to its own counts).
-    pub fn foreign(&self, key: WindowKeyRef<'_>, sequence: u64) -> [u64; 2] {
-        let view = self.view();
-        let global = |seq| {
-            view.get(key)
-                .and_then(|s| s.cell(seq).map(|c| c.counts().global))
-                .unwrap_or(0)
-        };
-        [global(sequence), global(sequence.saturating_sub(1))]
-    }
-
-    /// A cell's counts as the gateway answers them: the regional count never below this
-    /// region's own published component, and the other regions' sum as `global`.
-    pub fn counts(&self, key: WindowKeyRef<'_>, sequence: u64, regional: u64) -> Counts {
-        let imported = self
-            .view()
-            .get(key)
-            .and_then(|s| s.cell(sequence).map(|c| c.counts()))
-            .unwrap_or_default();
+        let imported = state.cell(sequence).map(|c| c.counts()).unwrap_or_default();
         Counts {
             regional: regional.max(imported.regional),
             global: imported.global,
         }
+    }
+
+    /// [`record_cell`](Self::record_cell) for both cells of an origin decision: the current
+    /// one `sequence` (with the request's limit) and the one before.
+    pub fn record(
+        &self,
+        key: WindowKeyRef<'_>,
+        sequence: u64,
+        regional: [u64; 2],
+        limit: u64,
+        now_ms: u64,
+    ) -> (Counts, Counts) {
+        (
+            self.record_cell(key, sequence, regional[0], Some(limit), now_ms),
+            self.record_cell(key, sequence.saturating_sub(1), regional[1], None, now_ms),
+        )
+    }
+
+    /// What an origin decision adds to its own counts of window `sequence` and the one
+    /// before, in one look at the view: the other regions' imported counts, and this region's
+    /// count as the view knows it (what it published or was told, a floor for the origin).
+    pub fn imported(&self, key: WindowKeyRef<'_>, sequence: u64) -> ([u64; 2], [u64; 2]) {
+        let view = self.view();
+        let counts = |seq| {
+            view.get(key)
+                .and_then(|s| s.cell(seq).map(|c| c.counts()))
+                .unwrap_or_default()
+        };
+        let (cur, prev) = (counts(sequence), counts(sequence.saturating_sub(1)));
+        ([cur.global, prev.global], [cur.regional, prev.regional])
     }
 
     /// Writes the cells worth publishing; commits them as flushed only once written.

@@ -1,71 +1,51 @@
-//! The gateway's own decisions, layered like an edge's: local memory first; a synchronous
-//! origin read for cold, stale and strict cells (one read per cell however many requests wait
-//! on it); accepted cost queued for replay. All rules come from `strata-core`; this file only
-//! orders the steps around locks and awaits.
+//! The gateway's own decisions, driven through the core's request path like an edge's: local
+//! memory first (a denial, or a pass the lease covers); otherwise one origin decision, merged
+//! back by the core; a failure falls back to local memory. This file only orders the steps
+//! around locks and awaits: no lock is held across an await.
 
 mod multi;
-mod refresh;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use strata_core::origin::OriginPolicy;
+use strata_core::ledger::used_on;
+use strata_core::request::{FailureMode, OriginCall};
 use strata_core::table::{LimitRequest, Step};
-use strata_core::{Counts, Decision, OriginAnswer, OriginPlan, Reason, WindowKeyRef};
+use strata_core::wire::{DecideResponse, DecideResult};
+use strata_core::{Decision, MultiDecision, OriginAnswer, WindowKeyRef};
 
 use crate::clock::Clock;
 use crate::local::LocalTables;
 use crate::metrics::{Metrics, Source};
-use crate::origin::{CellIncrement, DecideLimit, DecideOutcome, OriginClient};
-use crate::replay::ReplayQueue;
+use crate::origin::{DecideAnswer, DecideLimit, OriginClient, OriginError};
 
-use refresh::InflightMap;
-
-/// Local tables, origin and replay queue, and the decision flow over them.
+/// Local tables and origin, and the decision flow over them.
 #[derive(Debug)]
 pub struct Limiter {
-    /// Local memory.
+    /// Local memory (and, in it, the replay buffer).
     pub local: LocalTables,
     /// The regional origin.
     pub origin: OriginClient,
-    /// Accepted cost waiting for replay.
-    pub replay: ReplayQueue,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Time.
     pub clock: Clock,
-    /// This process's random id, sent with its origin calls (the origin counts peers by it).
+    /// This process's random id, sent with its origin calls (own counts and leases are kept
+    /// per instance at the origin).
     pub instance: String,
     /// The region's counts as this gateway knows them, and what it imported from the others.
     pub global: crate::global::Global,
-    policy: OriginPolicy,
-    inflight: InflightMap,
 }
 
-/// The core's view of an origin outcome for one limit.
-pub(super) fn origin_answer(outcome: &DecideOutcome, counted: bool) -> OriginAnswer {
-    OriginAnswer {
-        limit: outcome.decision.limit,
-        remaining: outcome.decision.remaining,
-        reset_ms: outcome.decision.reset_ms,
-        sequence: outcome.sequence,
-        counted,
-        denied: !outcome.decision.success,
-        current: Counts {
-            regional: outcome.current,
-            global: 0,
-        },
-        previous: Counts {
-            regional: outcome.previous,
-            global: 0,
-        },
-        peers: outcome.peers,
-    }
-}
-
-/// The sequence of the cell a decision counted in (its window ends at `reset_ms`).
-fn counted_sequence(key: WindowKeyRef<'_>, decision: &Decision) -> u64 {
-    (decision.reset_ms / key.duration().as_ms()).saturating_sub(1)
+/// The only decision of a one-limit request (a denial if the core answered none).
+fn only(multi: Option<MultiDecision>, limit: &LimitRequest<'_>) -> Decision {
+    let first = multi.and_then(|m| m.decisions.first().copied());
+    first.unwrap_or(Decision {
+        success: false,
+        limit: limit.limit,
+        remaining: 0,
+        reset_ms: 0,
+        retry_after_ms: Some(1),
+    })
 }
 
 impl Limiter {
@@ -73,203 +53,173 @@ impl Limiter {
     pub fn new(
         local: LocalTables,
         origin: OriginClient,
-        replay: ReplayQueue,
         metrics: Arc<Metrics>,
         clock: Clock,
-        policy: OriginPolicy,
         global: crate::global::Global,
     ) -> Self {
         Self {
             local,
             origin,
-            replay,
             metrics,
             clock,
             global,
             instance: format!("gw-{:016x}", rand::random::<u64>()),
-            policy,
-            inflight: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Decides one limit: locally where the local view is enough (a denial, or a pass with the
-    /// band covered), otherwise at the origin, atomically.
+    /// Decides one limit: locally where the lease allows it (or the local view denies),
+    /// otherwise at the origin, atomically.
     pub async fn decide(&self, limit: LimitRequest<'_>) -> Decision {
         let key = limit.key;
+        let now = self.clock.now_ms();
         let step = self
             .local
             .lock(key)
-            .check(key, limit.limit, limit.cost, self.clock.now_ms());
-        let (decision, source, counted_there) = match step {
-            Step::Decided(d) => (d, Source::Local, false),
-            Step::Origin(plan) => self.at_origin(limit, plan).await,
-        };
-        self.metrics.decision(source, decision.success);
-        // A decision made at the origin was counted there; local passes are replayed.
-        if decision.success && !counted_there {
-            self.queue_replay(&limit, &decision);
+            .check(key, limit.limit, limit.cost, now);
+        match step {
+            Step::Decided(d) => {
+                self.metrics.decision(Source::Local, d.success);
+                d
+            }
+            Step::Origin(plan) => {
+                let call = OriginCall::single(limit, plan);
+                let (multi, source) = match self.ask_origin(&call).await {
+                    Ok(answers) => {
+                        let now = self.clock.now_ms();
+                        (
+                            self.local.lock(key).finish(&call, &answers, now),
+                            Source::Origin,
+                        )
+                    }
+                    Err(_) => {
+                        let now = self.clock.now_ms();
+                        let failed = self.local.lock(key).fail(&call, FailureMode::Local, now);
+                        (failed, Source::Fallback)
+                    }
+                };
+                let d = only(multi.ok(), &limit);
+                self.metrics.decision(source, d.success);
+                d
+            }
         }
-        decision
     }
 
-    /// The origin path of one limit. Cold and stale cells are first refreshed by one read
-    /// shared by every request waiting on them, then checked again (most keys far from their
-    /// limit then pass locally); strict and near-limit ones are decided at the origin.
-    /// Returns the decision, where it was made, and whether the origin counted it.
-    async fn at_origin(
-        &self,
-        limit: LimitRequest<'_>,
-        mut plan: OriginPlan,
-    ) -> (Decision, Source, bool) {
-        let key = limit.key;
-        // One origin timeout for the whole request, however many calls it takes.
-        let deadline = std::time::Instant::now() + self.origin.timeout();
-        if matches!(plan.reason, Reason::Cold | Reason::Stale) {
-            self.metrics.origin_reason(plan.reason, plan.band);
-            if self.refresh(key, plan.sequence).await == Source::Fallback {
-                return (self.fall_back(limit), Source::Fallback, false);
-            }
-            let now = self.clock.now_ms();
-            match self
-                .local
-                .lock(key)
-                .check(key, limit.limit, limit.cost, now)
-            {
-                Step::Decided(d) => return (d, Source::Origin, false),
-                Step::Origin(next) => plan = next,
-            }
-        }
-        self.metrics.origin_reason(plan.reason, plan.band);
-        let unseen = self
-            .replay
-            .pending(&key.to_owned_key(), plan.sequence)
-            .saturating_add(plan.reserve());
-        let request = [DecideLimit {
-            key,
-            limit: limit.limit,
-            cost: limit.cost,
-            unseen,
-            global: self.global.foreign(key, plan.sequence),
-        }];
-        let budget = deadline.saturating_duration_since(std::time::Instant::now());
-        match self
-            .origin
-            .decide_within(&self.instance, &request, self.clock.now_ms(), budget)
-            .await
-        {
-            Ok(answer) => match answer.limits.first() {
-                Some(outcome) => {
-                    let a =
-                        self.answer_with_imports(key, outcome, answer.success, Some(limit.limit));
-                    let now = self.clock.now_ms();
-                    let d = self.local.lock(key).apply_decided(key, limit.cost, &a, now);
-                    (d, Source::Origin, a.counted)
+    /// Sends `call` to the origin and returns the core's answers (the region view records
+    /// them on the way).
+    async fn ask_origin(&self, call: &OriginCall) -> Result<Vec<OriginAnswer>, OriginError> {
+        self.metrics.origin_reason(call.reason());
+        let now = self.clock.now_ms();
+        let limits: Vec<DecideLimit<'_>> = call
+            .limits()
+            .iter()
+            .map(|l| {
+                let key = l.key.as_ref();
+                let sequence = key.duration().sequence(now);
+                let (global, floor) = self.global.imported(key, sequence);
+                DecideLimit {
+                    key,
+                    limit: l.limit,
+                    cost: l.cost,
+                    used: used_on(sequence, l.plan.sequence, l.plan.used),
+                    want: l.plan.want,
+                    release: l.plan.release,
+                    global,
+                    floor,
                 }
-                None => (self.fall_back(limit), Source::Fallback, false),
-            },
-            Err(_) => {
-                let now = self.clock.now_ms();
-                self.local.lock(key).fail_window(key, plan.sequence, now);
-                (self.fall_back(limit), Source::Fallback, false)
-            }
-        }
+            })
+            .collect();
+        let answer = self.origin.decide(&self.instance, &limits, now).await?;
+        let response = self.respond(&limits, &answer);
+        call.answers(&response)
+            .map_err(|e| OriginError::Backend(e.to_string()))
     }
 
-    /// An origin outcome as the core merges it, with the imported components, recorded in
-    /// the region's view (for the flush).
-    pub fn answer_with_imports(
-        &self,
-        key: WindowKeyRef<'_>,
-        outcome: &DecideOutcome,
-        counted: bool,
-        limit: Option<u64>,
-    ) -> OriginAnswer {
+    /// An origin decision as `/v1/origin/decide` answers it: recorded in the region's view
+    /// (what the flush publishes), with the imported components.
+    pub fn respond(&self, limits: &[DecideLimit<'_>], answer: &DecideAnswer) -> DecideResponse {
         let now = self.clock.now_ms();
-        let previous = outcome.sequence.saturating_sub(1);
-        self.global
-            .observe(key, outcome.sequence, outcome.current, limit, now);
-        self.global
-            .observe(key, previous, outcome.previous, None, now);
-        OriginAnswer {
-            current: self.global.counts(key, outcome.sequence, outcome.current),
-            previous: self.global.counts(key, previous, outcome.previous),
-            ..origin_answer(outcome, counted)
+        let results: Vec<DecideResult> = limits
+            .iter()
+            .zip(&answer.limits)
+            .map(|(l, o)| {
+                let (current, previous) =
+                    self.global
+                        .record(l.key, o.sequence, [o.current, o.previous], l.limit, now);
+                if answer.success {
+                    self.metrics.lease_granted(o.lease);
+                }
+                DecideResult {
+                    success: o.decision.success,
+                    limit: o.decision.limit,
+                    remaining: o.decision.remaining,
+                    reset: o.decision.reset_ms,
+                    sequence: o.sequence,
+                    current,
+                    previous,
+                    used: o.used,
+                    lease: o.lease,
+                    lease_id: o.lease_id,
+                    lease_ms: self.origin.lease_ms(),
+                }
+            })
+            .collect();
+        DecideResponse {
+            success: answer.success,
+            sequence: results.first().map_or(0, |r| r.sequence),
+            results,
         }
     }
 
-    /// The failure mode: decide from local memory.
-    pub(super) fn fall_back(&self, limit: LimitRequest<'_>) -> Decision {
-        let now = self.clock.now_ms();
-        self.local
-            .lock(limit.key)
-            .decide(limit.key, limit.limit, limit.cost, now)
-    }
-
-    pub(super) fn queue_replay(&self, limit: &LimitRequest<'_>, decision: &Decision) {
-        if limit.cost == 0 {
-            return;
-        }
-        let sequence = counted_sequence(limit.key, decision);
-        if !self
-            .replay
-            .push(&limit.key.to_owned_key(), sequence, limit.cost, limit.limit)
-        {
-            self.metrics.replay_dropped(limit.cost);
-            tracing::warn!(
-                cells = self.replay.len(),
-                "replay queue full: accepted cost not replayed"
-            );
-        }
-    }
-
-    /// Sends one replay batch. Returns false if it failed (the batch was queued again).
+    /// Sends one replay batch (up to `MAX_BATCH` cells). Returns false if it failed; the
+    /// counts stay in the tables and the next batch carries them.
     pub async fn replay_once(&self) -> bool {
-        let batch = self.replay.take_batch();
+        let batch = self
+            .local
+            .take_replay(strata_core::wire::MAX_BATCH, self.clock.now_ms());
         if batch.is_empty() {
             return true;
         }
-        let increments: Vec<CellIncrement<'_>> = batch
+        let cells: Vec<crate::origin::CellUsed<'_>> = batch
+            .events
             .iter()
-            .map(|p| CellIncrement {
-                key: p.key.as_ref(),
-                sequence: p.sequence,
-                cost: p.cost,
+            .map(|e| crate::origin::CellUsed {
+                key: e.key.as_ref(),
+                sequence: e.sequence,
+                used: e.used,
+                release: e.release,
             })
             .collect();
         let now = self.clock.now_ms();
-        match self
-            .origin
-            .replay(Some(&self.instance), &increments, now)
-            .await
-        {
+        match self.origin.replay(&self.instance, &cells, now).await {
             Ok(counts) => {
-                let now = self.clock.now_ms();
-                for ((c, (regional, peers)), p) in increments.iter().zip(counts).zip(&batch) {
-                    self.global
-                        .observe(c.key, c.sequence, regional, Some(p.limit), now);
-                    let counts = self.global.counts(c.key, c.sequence, regional);
-                    self.local.lock(c.key).apply_replay(
-                        c.key,
-                        c.sequence,
-                        counts,
-                        c.cost,
-                        Some(peers),
-                        now,
-                    );
+                let mut delivered = 0;
+                for (e, count) in batch.events.iter().zip(counts) {
+                    let Some(regional) = count else { continue };
+                    let key = e.key.as_ref();
+                    let counts =
+                        self.global
+                            .record_cell(key, e.sequence, regional, Some(e.limit), now);
+                    self.local.lock(key).ack_one(e, counts);
+                    delivered += 1;
                 }
-                self.metrics.replayed(increments.len());
-                true
+                self.metrics.replayed(delivered);
+                delivered == batch.len()
             }
             Err(e) => {
-                drop(increments);
                 self.metrics.replay_failed();
-                let dropped = self.replay.restore(batch);
-                if dropped > 0 {
-                    self.metrics.replay_dropped(dropped);
-                }
-                tracing::warn!(error = %e, dropped, queued = self.replay.len(), "replay batch failed; queued again");
+                tracing::warn!(error = %e, cells = batch.len(), "replay batch failed; sent again with the next");
                 false
             }
         }
     }
+
+    /// Cells whose own count the origin has not acknowledged yet.
+    pub fn unreplayed(&self) -> usize {
+        self.local.replay_state().0
+    }
+}
+
+/// The window keys of a request, for the shards it locks.
+fn keys<'a>(limits: &[LimitRequest<'a>]) -> Vec<WindowKeyRef<'a>> {
+    limits.iter().map(|l| l.key).collect()
 }

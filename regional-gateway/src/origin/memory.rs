@@ -1,67 +1,58 @@
-//! The embedded origin: regional counts in the gateway's own memory, for a single gateway
-//! that needs no Redis. Same contract as Redis: counts per cell expiring three windows after
-//! the first write, atomic decisions (under one lock), and the processes seen per key.
+//! The embedded origin: the region's cells in the gateway's own memory, for a single gateway
+//! that needs no Redis. Same contract as Redis: one [`CellLedger`] per cell (own counts per
+//! process merged with `max`, live leases), expiring three windows after its first write, and
+//! atomic decisions under one lock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use strata_core::{LimitCheck, WindowKey, decide_all};
+use strata_core::ledger::{CellLedger, origin_check};
+use strata_core::{LimitCheck, WindowKey, decide_all, lease};
 
-use super::{
-    CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, Peers, peers_with_prior,
-};
+use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome};
 
-#[derive(Debug, Clone, Copy)]
-struct Count {
-    value: u64,
+#[derive(Debug)]
+struct Cell {
+    ledger: CellLedger,
     expires_at: u64,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    cells: HashMap<(WindowKey, u64), Count>,
-    peers: HashMap<WindowKey, Peers>,
-    active: Peers,
-}
-
-/// Counts per `(window key, sequence)`, and who was seen on each key.
+/// Ledgers per `(window key, sequence)`.
 #[derive(Debug, Default)]
 pub struct MemoryOrigin {
-    state: Mutex<State>,
+    cells: Mutex<HashMap<(WindowKey, u64), Cell>>,
 }
 
-impl State {
-    fn count(&self, key: &WindowKey, sequence: u64, now_ms: u64) -> u64 {
-        self.cells
-            .get(&(key.clone(), sequence))
-            .filter(|c| now_ms < c.expires_at)
-            .map_or(0, |c| c.value)
-    }
+type Cells = HashMap<(WindowKey, u64), Cell>;
 
-    fn add(&mut self, key: &WindowKey, sequence: u64, cost: u64, now_ms: u64) -> u64 {
-        let ttl = key.duration().as_ms().saturating_mul(3);
-        let fresh = Count {
-            value: 0,
+/// The live ledger of a cell, created (or started again, if expired) on first use.
+fn ledger<'c>(
+    cells: &'c mut Cells,
+    key: &WindowKey,
+    sequence: u64,
+    now_ms: u64,
+) -> &'c mut CellLedger {
+    let ttl = key.duration().as_ms().saturating_mul(3);
+    let cell = cells
+        .entry((key.clone(), sequence))
+        .or_insert_with(|| Cell {
+            ledger: CellLedger::default(),
+            expires_at: now_ms.saturating_add(ttl),
+        });
+    if now_ms >= cell.expires_at {
+        *cell = Cell {
+            ledger: CellLedger::default(),
             expires_at: now_ms.saturating_add(ttl),
         };
-        let entry = self.cells.entry((key.clone(), sequence)).or_insert(fresh);
-        if now_ms >= entry.expires_at {
-            *entry = fresh;
-        }
-        entry.value = entry.value.saturating_add(cost);
-        entry.value
     }
+    &mut cell.ledger
+}
 
-    fn seen(&mut self, key: &WindowKey, instance: Option<&str>, now_ms: u64) -> u32 {
-        let Some(instance) = instance else {
-            return self.peers.get(key).map_or(1, |p| p.count(now_ms));
-        };
-        self.active.see(instance, now_ms);
-        let prior = self.active.count(now_ms);
-        let peers = self.peers.entry(key.clone()).or_default();
-        peers.see(instance, now_ms);
-        peers_with_prior(peers.count(now_ms), peers.young(now_ms), prior)
-    }
+fn count(cells: &Cells, key: &WindowKey, sequence: u64, now_ms: u64) -> u64 {
+    cells
+        .get(&(key.clone(), sequence))
+        .filter(|c| now_ms < c.expires_at)
+        .map_or(0, |c| c.ledger.count())
 }
 
 impl MemoryOrigin {
@@ -70,44 +61,31 @@ impl MemoryOrigin {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // Every update is a handful of assignments that leave the maps consistent, so a lock
-        // poisoned by a panicking holder is still safe to use.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cells> {
+        // Every update leaves the ledgers consistent, so a lock poisoned by a panicking holder
+        // is still safe to use.
+        self.cells.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn read(
-        &self,
-        instance: Option<&str>,
-        cells: &[CellRead<'_>],
-        now_ms: u64,
-    ) -> Vec<(u64, u32)> {
-        let mut state = self.lock();
+    pub(crate) fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Vec<u64> {
+        let state = self.lock();
         cells
             .iter()
-            .map(|(key, sequence)| {
-                let key = key.to_owned_key();
-                (
-                    state.count(&key, *sequence, now_ms),
-                    state.seen(&key, instance, now_ms),
-                )
-            })
+            .map(|(key, sequence)| count(&state, &key.to_owned_key(), *sequence, now_ms))
             .collect()
     }
 
-    pub(crate) fn replay(
-        &self,
-        instance: Option<&str>,
-        cells: &[CellIncrement<'_>],
-        now_ms: u64,
-    ) -> Vec<(u64, u32)> {
+    pub(crate) fn replay(&self, instance: &str, cells: &[CellUsed<'_>], now_ms: u64) -> Vec<u64> {
         let mut state = self.lock();
         cells
             .iter()
             .map(|c| {
-                let key = c.key.to_owned_key();
-                let count = state.add(&key, c.sequence, c.cost, now_ms);
-                (count, state.seen(&key, instance, now_ms))
+                let l = ledger(&mut state, &c.key.to_owned_key(), c.sequence, now_ms);
+                l.merge_own(instance, c.used);
+                if c.release > 0 {
+                    l.release(instance, c.release);
+                }
+                l.count()
             })
             .collect()
     }
@@ -117,37 +95,70 @@ impl MemoryOrigin {
         instance: &str,
         limits: &[DecideLimit<'_>],
         now_ms: u64,
+        lease_ms: u64,
     ) -> DecideAnswer {
         let mut state = self.lock();
         let keys: Vec<WindowKey> = limits.iter().map(|l| l.key.to_owned_key()).collect();
+        let mut mine_leases = Vec::with_capacity(limits.len());
         let checks: Vec<LimitCheck> = limits
             .iter()
             .zip(&keys)
             .map(|(l, key)| {
                 let sequence = l.key.duration().sequence(now_ms);
-                let current = state.count(key, sequence, now_ms);
-                let previous = state.count(key, sequence.saturating_sub(1), now_ms);
-                l.check(current, previous)
+                let current = ledger(&mut state, key, sequence, now_ms);
+                current.merge_own(instance, l.used[0]);
+                current.raise(l.floor[0]);
+                if l.release > 0 {
+                    current.release(instance, l.release);
+                }
+                let prev = sequence.saturating_sub(1);
+                let mut previous = std::mem::take(ledger(&mut state, key, prev, now_ms));
+                previous.merge_own(instance, l.used[1]);
+                previous.raise(l.floor[1]);
+                let current = ledger(&mut state, key, sequence, now_ms);
+                let (check, mine) = origin_check(
+                    current,
+                    &mut previous,
+                    instance,
+                    l.global,
+                    l.key.duration(),
+                    l.limit,
+                    l.cost,
+                    now_ms,
+                );
+                *ledger(&mut state, key, prev, now_ms) = previous;
+                mine_leases.push(mine);
+                check
             })
             .collect();
         let multi = decide_all(&checks, now_ms, |i, j| keys.get(i) == keys.get(j));
-        if multi.success {
-            for (l, key) in limits.iter().zip(&keys) {
-                state.add(key, l.key.duration().sequence(now_ms), l.cost, now_ms);
-            }
-        }
+        let until = lease::reserved_until(now_ms, lease_ms);
         let outcomes = limits
             .iter()
             .zip(&keys)
             .zip(&multi.decisions)
-            .map(|((l, key), decision)| {
+            .zip(&mine_leases)
+            .map(|(((l, key), decision), mine)| {
                 let sequence = l.key.duration().sequence(now_ms);
+                let previous = count(&state, key, sequence.saturating_sub(1), now_ms);
+                let current = ledger(&mut state, key, sequence, now_ms);
+                let (mut granted, mut lease_id) = (0, 0);
+                if multi.success {
+                    current.add(l.cost);
+                    // The caller's live lease is raised, not added to: what it held is free.
+                    let available = decision.remaining.saturating_add(*mine);
+                    let holders = current.holders(instance, now_ms);
+                    let grant = lease::grant(l.want, available, l.limit, holders);
+                    (granted, lease_id) = current.lease(instance, grant, now_ms, until);
+                }
                 DecideOutcome {
                     decision: *decision,
                     sequence,
-                    current: state.count(key, sequence, now_ms),
-                    previous: state.count(key, sequence.saturating_sub(1), now_ms),
-                    peers: state.seen(key, Some(instance), now_ms),
+                    current: current.count(),
+                    previous,
+                    used: current.own(instance),
+                    lease: granted,
+                    lease_id,
                 }
             })
             .collect();
@@ -157,20 +168,17 @@ impl MemoryOrigin {
         }
     }
 
-    /// Drops expired cells and forgotten peers; returns how many cells.
+    /// Drops expired cells; returns how many.
     pub fn purge_expired(&self, now_ms: u64) -> usize {
         let mut state = self.lock();
-        let before = state.cells.len();
-        state.cells.retain(|_, c| now_ms < c.expires_at);
-        state
-            .peers
-            .retain(|_, p| p.count(now_ms) > 0 && !p.is_empty(now_ms));
-        before - state.cells.len()
+        let before = state.len();
+        state.retain(|_, c| now_ms < c.expires_at);
+        before - state.len()
     }
 
     /// Cells held.
     pub fn len(&self) -> usize {
-        self.lock().cells.len()
+        self.lock().len()
     }
 
     /// Whether no cell is held.

@@ -43,74 +43,6 @@ impl OriginError {
 /// One cell to read: a window key and a sequence.
 pub type CellRead<'a> = (WindowKeyRef<'a>, u64);
 
-/// How long a process counts as a peer on a key after its last call (a few replay intervals).
-pub const PEER_WINDOW_MS: u64 = 1_000;
-/// Most distinct peers tracked per key.
-pub const MAX_PEERS: usize = 64;
-
-/// The processes recently seen on a key: a small bounded list with expiry, and since when the
-/// key has been active (a key active for less than a peer window has not been seen by every
-/// process that is about to hit it, so its count is raised to the region's live processes).
-#[derive(Debug, Default, Clone)]
-pub struct Peers {
-    seen: Vec<(String, u64)>,
-    born: u64,
-}
-
-/// The peers to report: the key's own count, or while the key is young (active for less than
-/// a peer window) at least the region's live processes, any of which may be about to hit it.
-pub fn peers_with_prior(on_key: u32, young: bool, prior: u32) -> u32 {
-    if young {
-        on_key.max(prior).max(1)
-    } else {
-        on_key.max(1)
-    }
-}
-
-impl Peers {
-    /// Records `instance` at `now_ms`, dropping the expired and, past `MAX_PEERS`, the oldest.
-    pub fn see(&mut self, instance: &str, now_ms: u64) {
-        if self.is_empty(now_ms) {
-            self.born = now_ms;
-        }
-        self.seen
-            .retain(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS);
-        match self.seen.iter_mut().find(|(id, _)| id == instance) {
-            Some(entry) => entry.1 = entry.1.max(now_ms),
-            None => {
-                if self.seen.len() >= MAX_PEERS {
-                    self.seen.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
-                    self.seen.truncate(MAX_PEERS - 1);
-                }
-                self.seen.push((instance.to_string(), now_ms));
-            }
-        }
-    }
-
-    /// Distinct processes seen within the window (at least 1: the asker).
-    pub fn count(&self, now_ms: u64) -> u32 {
-        let n = self
-            .seen
-            .iter()
-            .filter(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS)
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX).max(1)
-    }
-
-    /// Whether the key became active less than a peer window ago.
-    pub fn young(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.born) < PEER_WINDOW_MS
-    }
-
-    /// Whether nobody was seen within the window.
-    pub fn is_empty(&self, now_ms: u64) -> bool {
-        !self
-            .seen
-            .iter()
-            .any(|(_, at)| now_ms.saturating_sub(*at) < PEER_WINDOW_MS)
-    }
-}
-
 /// One limit of an origin decision.
 #[derive(Clone, Copy, Debug)]
 pub struct DecideLimit<'a> {
@@ -120,35 +52,20 @@ pub struct DecideLimit<'a> {
     pub limit: u64,
     /// The request's cost.
     pub cost: u64,
-    /// Cost the origin has not been told of but must count as used: the caller's own
-    /// unreplayed passes and its reserve (the band) for other processes' unreplayed passes.
-    pub unseen: u64,
+    /// The caller's own cumulative counts of the origin's current and previous cells
+    /// (already mapped onto the origin's sequence: [`strata_core::ledger::used_on`]).
+    pub used: [u64; 2],
+    /// The lease asked for beyond the cost.
+    pub want: u64,
+    /// The id of an expired lease the caller gives back (0: none).
+    pub release: u64,
     /// The other regions' counts of the current and previous cells, as the gateway imported
     /// them from the global table.
     pub global: [u64; 2],
-}
-
-impl DecideLimit<'_> {
-    /// The check an origin decides this limit with, from the regional counts it holds for
-    /// the current and previous cells: what the caller has not told it yet counts as used, and
-    /// the other regions' imported counts are added.
-    pub fn check(&self, current: u64, previous: u64) -> strata_core::LimitCheck {
-        strata_core::LimitCheck {
-            counts: strata_core::WindowCounts {
-                current: strata_core::Counts {
-                    regional: current.saturating_add(self.unseen),
-                    global: self.global[0],
-                },
-                previous: strata_core::Counts {
-                    regional: previous,
-                    global: self.global[1],
-                },
-            },
-            duration: self.key.duration(),
-            limit: self.limit,
-            cost: self.cost,
-        }
-    }
+    /// This region's own counts of the current and previous cells as the global table holds
+    /// them: a floor the origin's count is raised to (an origin that lost its data, or a new
+    /// embedded one, counts from what the region already published).
+    pub floor: [u64; 2],
 }
 
 /// The origin's verdict on one limit.
@@ -162,8 +79,12 @@ pub struct DecideOutcome {
     pub current: u64,
     /// The previous cell's regional count.
     pub previous: u64,
-    /// Distinct processes recently seen on the key.
-    pub peers: u32,
+    /// The caller's own cumulative count of the current cell after the decision.
+    pub used: u64,
+    /// The lease granted.
+    pub lease: u64,
+    /// Its id (0: none).
+    pub lease_id: u64,
 }
 
 /// The origin's answer to a decision request.
@@ -175,15 +96,17 @@ pub struct DecideAnswer {
     pub limits: Vec<DecideOutcome>,
 }
 
-/// Accepted cost to add to one cell (events of a cell already summed).
+/// A process's own cumulative count of one cell, to merge with `max`.
 #[derive(Clone, Copy, Debug)]
-pub struct CellIncrement<'a> {
+pub struct CellUsed<'a> {
     /// The window key.
     pub key: WindowKeyRef<'a>,
     /// The window's sequence.
     pub sequence: u64,
-    /// Cost to add.
-    pub cost: u64,
+    /// The process's cumulative count of the cell.
+    pub used: u64,
+    /// The id of the lease the process gives back on the cell (0: none).
+    pub release: u64,
 }
 
 /// The origin backends.
@@ -196,43 +119,44 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// Regional counts of `cells` (0 for a cell never written or expired) and the peers on
-    /// each one's key, in order; a reader naming its instance counts as a peer.
-    async fn read(
-        &self,
-        instance: Option<&str>,
-        cells: &[CellRead<'_>],
-        now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
+    /// Regional counts of `cells` (0 for a cell never written or expired), in order.
+    async fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Result<Vec<u64>, OriginError> {
         match self {
-            Origin::Memory(m) => Ok(m.read(instance, cells, now_ms)),
-            Origin::Redis(r) => r.read(instance, cells, now_ms).await,
+            Origin::Memory(m) => Ok(m.read(cells, now_ms)),
+            Origin::Redis(r) => r.read(cells).await,
         }
     }
 
-    /// Adds each increment and returns each cell's count after it and the peers on its key.
+    /// Merges `instance`'s own counts with `max` and returns each cell's count after it
+    /// (`None` for a cell that failed alone).
     async fn replay(
         &self,
-        instance: Option<&str>,
-        cells: &[CellIncrement<'_>],
+        instance: &str,
+        cells: &[CellUsed<'_>],
         now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
+    ) -> Result<Vec<Option<u64>>, OriginError> {
         match self {
-            Origin::Memory(m) => Ok(m.replay(instance, cells, now_ms)),
-            Origin::Redis(r) => r.replay(instance, cells, now_ms).await,
+            Origin::Memory(m) => Ok(m
+                .replay(instance, cells, now_ms)
+                .into_iter()
+                .map(Some)
+                .collect()),
+            Origin::Redis(r) => r.replay(instance, cells).await,
         }
     }
 
-    /// Decides the limits atomically at the origin (all or nothing) and counts on a pass.
+    /// Decides the limits atomically at the origin (all or nothing), counts on a pass and
+    /// grants leases of `lease_ms`.
     async fn decide(
         &self,
         instance: &str,
         limits: &[DecideLimit<'_>],
         now_ms: u64,
+        lease_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
         match self {
-            Origin::Memory(m) => Ok(m.decide(instance, limits, now_ms)),
-            Origin::Redis(r) => r.decide(instance, limits, now_ms).await,
+            Origin::Memory(m) => Ok(m.decide(instance, limits, now_ms, lease_ms)),
+            Origin::Redis(r) => r.decide(instance, limits, now_ms, lease_ms).await,
         }
     }
 
@@ -257,16 +181,24 @@ impl Origin {
 pub struct OriginClient {
     origin: Origin,
     timeout: Duration,
+    /// How long the leases this origin grants may be used.
+    lease_ms: u64,
     breaker: Breaker,
     metrics: std::sync::Arc<Metrics>,
 }
 
 impl OriginClient {
     /// Wraps a backend.
-    pub fn new(origin: Origin, timeout: Duration, metrics: std::sync::Arc<Metrics>) -> Self {
+    pub fn new(
+        origin: Origin,
+        timeout: Duration,
+        lease_ms: u64,
+        metrics: std::sync::Arc<Metrics>,
+    ) -> Self {
         Self {
             origin,
             timeout,
+            lease_ms,
             breaker: Breaker::default(),
             metrics,
         }
@@ -283,25 +215,24 @@ impl OriginClient {
     }
 
     /// See [`Origin::read`].
-    pub async fn read(
-        &self,
-        instance: Option<&str>,
-        cells: &[CellRead<'_>],
-        now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
-        self.call("read", self.origin.read(instance, cells, now_ms))
-            .await
+    pub async fn read(&self, cells: &[CellRead<'_>], now_ms: u64) -> Result<Vec<u64>, OriginError> {
+        self.call("read", self.origin.read(cells, now_ms)).await
     }
 
     /// See [`Origin::replay`].
     pub async fn replay(
         &self,
-        instance: Option<&str>,
-        cells: &[CellIncrement<'_>],
+        instance: &str,
+        cells: &[CellUsed<'_>],
         now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
+    ) -> Result<Vec<Option<u64>>, OriginError> {
         self.call("replay", self.origin.replay(instance, cells, now_ms))
             .await
+    }
+
+    /// How long the leases this origin grants may be used.
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
     }
 
     /// See [`Origin::decide`].
@@ -327,7 +258,7 @@ impl OriginClient {
         self.call_within(
             "decide",
             budget.min(self.timeout),
-            self.origin.decide(instance, limits, now_ms),
+            self.origin.decide(instance, limits, now_ms, self.lease_ms),
         )
         .await
     }
@@ -335,15 +266,6 @@ impl OriginClient {
     /// The origin timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// Announces this process to the region (Redis) and refreshes the live-process count.
-    pub async fn presence(&self, instance: &str, now_ms: u64) {
-        if let Origin::Redis(r) = &self.origin {
-            if let Err(e) = r.presence(instance, now_ms).await {
-                tracing::debug!(error = %e, "presence update failed");
-            }
-        }
     }
 
     /// Drops expired cells held in process memory (the embedded origin); Redis expires its own.

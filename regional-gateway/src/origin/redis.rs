@@ -3,34 +3,65 @@
 //! Keys: `strata:{<workspace>:<namespace>:<identifier>:<duration_ms>}:<sequence>`, every part
 //! percent-encoded except `[A-Za-z0-9._~-]`, so no identifier can forge a separator, a hash
 //! tag brace or another tenant's key. The braces make the whole window key the Redis Cluster
-//! hash tag: both cells of a window share a slot. A replay batch is one pipelined round trip
-//! of `MULTI; INCRBY; PEXPIRE … NX; EXEC` per cell (increment and first-write expiry atomic per
-//! cell); a read batch is one `MGET`. Keys expire three windows after their first write.
+//! hash tag: both cells of a window, and their lease hashes, share a slot.
+//!
+//! A cell is a hash, the core's [`strata_core::ledger::CellLedger`] in Redis: `n` the region's
+//! count, `o:<instance>` each process's cumulative own count (merged with `max`, so a replay
+//! delivered twice counts once), `i:<instance>` the last lease id it was granted; beside it
+//! `<cell>:l` holds the live leases, `<instance> → "<ceiling>:<id>"` (the id is the
+//! reservation deadline, made strictly increasing). Keys expire three windows after their first write.
+//! A replay batch is one pipelined round trip of one small script per cell (a bad cell fails
+//! alone); a read batch is one pipeline of `HGET`s; a decision is one script per window key.
 
 use std::fmt::Write;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use strata_core::WindowKeyRef;
 
-use super::{
-    CellIncrement, CellRead, DecideAnswer, DecideLimit, DecideOutcome, MAX_PEERS, OriginError,
-    PEER_WINDOW_MS,
-};
+use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError};
 
-/// Region-wide set of live processes (gateways and the edges calling them), for the peers
-/// prior of keys new at the origin. Outside any hash tag: touched only by the presence loop.
-const INSTANCES_KEY: &str = "strata:instances";
+/// Shared by both scripts: merge a process's cumulative own count into a cell with `max`;
+/// drop a process's lease `id` unless a newer grant replaced it (a lease is stored as
+/// `"<ceiling>:<until_ms>"`, and `until_ms` is its id).
+const MERGE_OWN_LUA: &str = r#"
+local function release(leases, inst, id)
+  if id == '0' then return end
+  local v = redis.call('HGET', leases, inst)
+  if v and string.sub(v, string.find(v, ':', 1, true) + 1) == id then
+    redis.call('HDEL', leases, inst)
+  end
+end
+local function merge_own(cell, inst, used)
+  if used <= 0 then return end
+  local f = 'o:' .. inst
+  local held = tonumber(redis.call('HGET', cell, f) or '0')
+  if used > held then
+    redis.call('HINCRBY', cell, 'n', used - held)
+    redis.call('HSET', cell, f, used)
+  end
+end
+"#;
 
-/// The origin decision for one window key, atomic in Redis: reads both cells, applies the
-/// sliding-window formula in exact integer arithmetic (doubles are exact below 2^53; the
-/// product of a count and a duration is split so no intermediate exceeds that), increments on
-/// a pass, and records the caller among the key's peers.
-/// KEYS: current cell, previous cell, peers. ARGV: limit, cost, duration, now, unseen,
-/// instance, peer window, max peers, prior, dry (1: never increment), current global,
-/// previous global.
+/// A replay of one cell. KEYS: the cell, its leases. ARGV: instance, own cumulative count,
+/// ttl ms, the id of a lease given back (0: none). Returns the cell's count after it.
+const REPLAY_LUA: &str = r#"
+merge_own(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+release(KEYS[2], ARGV[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3], 'NX')
+return tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+"#;
+
+/// The origin decision for one window key, atomic in Redis: merges the caller's own counts,
+/// reads both cells and their live leases (dropping expired ones), applies the sliding-window
+/// formula in exact integer arithmetic (doubles are exact below 2^53; the product of a count
+/// and a duration is split so no intermediate exceeds that), and on a pass counts the cost
+/// and records the caller's lease. KEYS: current cell, previous cell, their lease hashes.
+/// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want,
+/// lease until, dry (1: never count), current global, previous global, the id of the lease
+/// given back (0: none), this region's published counts of the current and previous cells.
+/// Returns {ok, current count, previous count, own count, lease, current reserved,
+/// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
 const DECIDE_LUA: &str = r#"
 local function divmod(a, d)
   local q = math.floor(a / d)
@@ -48,32 +79,83 @@ local function muldiv(p, l, d)
   local qb = divmod(ra * 65536 + r * l0, d)
   return q * l + qa * 65536 + qb
 end
+-- what live leases on a cell may still admit, the others' and the caller's; expired ones
+-- are dropped
+local function reserved(cell, leases, now, inst)
+  local all = redis.call('HGETALL', leases)
+  local others, mine, holders = 0, 0, 1
+  for i = 1, #all, 2 do
+    local v = all[i + 1]
+    local sep = string.find(v, ':', 1, true)
+    local ceiling = tonumber(string.sub(v, 1, sep - 1))
+    if tonumber(string.sub(v, sep + 1)) <= now then
+      redis.call('HDEL', leases, all[i])
+    else
+      local own = tonumber(redis.call('HGET', cell, 'o:' .. all[i]) or '0')
+      if all[i] ~= inst then holders = holders + 1 end
+      if ceiling > own then
+        if all[i] == inst then mine = mine + (ceiling - own) else others = others + (ceiling - own) end
+      end
+    end
+  end
+  return others, mine, holders
+end
 local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local unseen = tonumber(ARGV[5])
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+local inst = ARGV[5]
+merge_own(KEYS[1], inst, tonumber(ARGV[6]))
+merge_own(KEYS[2], inst, tonumber(ARGV[7]))
+-- the lease the caller gives back: its count is merged, drop the reservation
+release(KEYS[3], inst, ARGV[13])
+-- this region's published count is a floor: an origin that lost its data counts from it
+for i = 1, 2 do
+  local floor = tonumber(ARGV[13 + i])
+  if floor > tonumber(redis.call('HGET', KEYS[i], 'n') or '0') then
+    redis.call('HSET', KEYS[i], 'n', floor)
+  end
+end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local prev = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
+-- every live lease counts as used, the caller's too (its in-flight passes may use it)
+local others, mine, holders = reserved(KEYS[1], KEYS[3], now, inst)
+local rc = others + mine
+local po, pm = reserved(KEYS[2], KEYS[4], now, inst)
+local rp = po + pm
 local seq = math.floor(now / d)
 local elapsed = now - seq * d
 local cg, pg = tonumber(ARGV[11]), tonumber(ARGV[12])
-local used = cur + cg + unseen + muldiv(prev + pg, d - elapsed, d)
+local used = cur + rc + cg + muldiv(prev + rp + pg, d - elapsed, d)
 local ok = 0
 if limit > 0 and used + cost <= limit then ok = 1 end
-if ok == 1 and cost > 0 and ARGV[10] ~= '1' then
-  redis.call('INCRBY', KEYS[1], cost)
-  redis.call('PEXPIRE', KEYS[1], d * 3, 'NX')
+local lease, lease_id, before = 0, 0, ''
+if ok == 1 and ARGV[10] ~= '1' then
+  -- a pass decided here is counted in the region's count only (no one replays it)
+  if cost > 0 then
+    redis.call('HINCRBY', KEYS[1], 'n', cost)
+    cur = cur + cost
+  end
+  -- lease::grant: half of what lies above the last quarter, plus a small share; the
+  -- caller's live lease is raised, not added to, so what it held is available to it
+  local available = limit - used - cost + mine
+  local small = math.min(math.floor(limit / (20 * holders)), math.floor(available / 2))
+  local above = math.floor(math.max(available - math.floor(limit / 4), 0) / 2)
+  local grant = math.min(tonumber(ARGV[8]), above + small)
+  local own = tonumber(redis.call('HGET', KEYS[1], 'o:' .. inst) or '0')
+  local ceiling = math.max(own + mine, own + grant)
+  if ceiling > own then
+    lease = ceiling - own
+    -- ids strictly increase per holder, across dropped leases too ('i:<instance>' keeps the
+    -- last), so a release names exactly one grant and a holder recognises a new one
+    lease_id = tonumber(ARGV[9])
+    local last = tonumber(redis.call('HGET', KEYS[1], 'i:' .. inst) or '0')
+    if last >= lease_id then lease_id = last + 1 end
+    redis.call('HSET', KEYS[1], 'i:' .. inst, string.format('%d', lease_id))
+    before = redis.call('HGET', KEYS[3], inst) or ''
+    redis.call('HSET', KEYS[3], inst, string.format('%d:%d', ceiling, lease_id))
+  end
 end
--- Peers: members scored by last call; '~born' (negative score) marks when the key became
--- active, and survives the trimming of members older than the window.
-local window, maxp = tonumber(ARGV[7]), tonumber(ARGV[8])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], 0, now - window)
-redis.call('ZADD', KEYS[3], 'NX', -now, '~born')
-redis.call('ZADD', KEYS[3], now, ARGV[6])
-redis.call('ZREMRANGEBYRANK', KEYS[3], 1, -(maxp + 2))
-redis.call('PEXPIRE', KEYS[3], window * 2)
-local peers = redis.call('ZCARD', KEYS[3]) - 1
-local born = -tonumber(redis.call('ZSCORE', KEYS[3], '~born'))
-if now - born < window then peers = math.max(peers, tonumber(ARGV[9])) end
-return {ok, cur, prev, math.max(peers, 1)}
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], d * 3, 'NX') end
+local own = tonumber(redis.call('HGET', KEYS[1], 'o:' .. inst) or '0')
+return {ok, cur, prev, own, lease, rc, rp, lease_id, before}
 "#;
 
 /// Version prefix of every key, so a future encoding can live beside this one.
@@ -103,6 +185,13 @@ pub fn cell_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
     out
 }
 
+/// The Redis key of one cell's live leases (same hash tag).
+pub fn lease_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
+    let mut k = cell_key(key, sequence);
+    k.push_str(":l");
+    k
+}
+
 fn backend(e: redis::RedisError) -> OriginError {
     if e.is_timeout() {
         OriginError::Timeout(Duration::ZERO)
@@ -111,92 +200,13 @@ fn backend(e: redis::RedisError) -> OriginError {
     }
 }
 
-fn int(v: Option<&redis::Value>) -> u64 {
-    match v {
-        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// Queues the peer-set update of one key: trim members older than the window, mark when the
-/// key became active (`~born`, negative score, kept by the trim), add `instance` if given; then
-/// `ZCARD` and `ZSCORE ~born`, the two replies [`peers_from`] reads.
-fn touch_peers(
-    pipe: &mut redis::Pipeline,
-    peers: &str,
-    instance: Option<&str>,
-    now_ms: u64,
-    in_transaction: bool,
-) {
-    if let Some(instance) = instance {
-        pipe.cmd("ZREMRANGEBYSCORE")
-            .arg(peers)
-            .arg(0)
-            .arg(now_ms.saturating_sub(PEER_WINDOW_MS))
-            .ignore();
-        pipe.cmd("ZADD")
-            .arg(peers)
-            .arg("NX")
-            .arg(-i128::from(now_ms))
-            .arg("~born")
-            .ignore();
-        pipe.cmd("ZADD")
-            .arg(peers)
-            .arg(now_ms)
-            .arg(instance)
-            .ignore();
-        pipe.cmd("PEXPIRE")
-            .arg(peers)
-            .arg(2 * PEER_WINDOW_MS)
-            .ignore();
-    }
-    pipe.cmd("ZCARD").arg(peers);
-    if in_transaction {
-        pipe.ignore(); // inside MULTI its reply is QUEUED; the value arrives with EXEC
-    }
-    pipe.cmd("ZSCORE").arg(peers).arg("~born");
-    if in_transaction {
-        pipe.ignore();
-    }
-}
-
-/// Peers from `ZCARD` (which counts `~born`) and `ZSCORE ~born`, with the region prior while
-/// the key is young.
-fn peers_from(
-    card: Option<&redis::Value>,
-    born: Option<&redis::Value>,
-    now_ms: u64,
-    prior: u32,
-) -> u32 {
-    let on_key = u32::try_from(int(card).saturating_sub(1)).unwrap_or(u32::MAX);
-    let born = match born {
-        Some(redis::Value::BulkString(b)) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok()),
-        Some(redis::Value::Double(d)) => Some(*d),
-        _ => None,
-    };
-    // A score is -(time the key became active), exact in a double for any real clock.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let young = born.is_some_and(|b| now_ms.saturating_sub((-b) as u64) < PEER_WINDOW_MS);
-    super::peers_with_prior(on_key, young, prior)
-}
-
-/// The Redis key of a window key's peer set (same hash tag as its cells).
-pub fn peers_key(key: WindowKeyRef<'_>) -> String {
-    let mut k = cell_key(key, 0);
-    k.truncate(k.len() - 1); // drop the sequence "0", keep the trailing ':'
-    k.push('p');
-    k
-}
-
 /// A connection-managed Redis origin (reconnects on its own after failures).
 #[derive(Clone)]
 pub struct RedisOrigin {
     conn: ConnectionManager,
     decide: redis::Script,
-    /// Live processes in the region, from the presence loop (the peers prior of new keys).
-    prior: Arc<AtomicU32>,
+    replay: redis::Script,
+    roll_back: redis::Script,
 }
 
 impl std::fmt::Debug for RedisOrigin {
@@ -204,6 +214,23 @@ impl std::fmt::Debug for RedisOrigin {
         f.debug_struct("RedisOrigin").finish_non_exhaustive()
     }
 }
+
+/// What the decide script answered for one limit.
+type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String);
+
+/// Takes back one counted limit of a multi-limit request another limit denied: the cost, and
+/// the lease it granted (the record it replaced comes back), unless a newer grant replaced it.
+/// KEYS: the cell, its leases. ARGV: cost, instance, lease id granted (0: none), the record it
+/// replaced ('' if none).
+const ROLLBACK_LUA: &str = r#"
+if tonumber(ARGV[1]) > 0 then redis.call('HINCRBY', KEYS[1], 'n', -tonumber(ARGV[1])) end
+if ARGV[3] == '0' then return 0 end
+local v = redis.call('HGET', KEYS[2], ARGV[2])
+if v and string.sub(v, string.find(v, ':', 1, true) + 1) == ARGV[3] then
+  if ARGV[4] == '' then redis.call('HDEL', KEYS[2], ARGV[2]) else redis.call('HSET', KEYS[2], ARGV[2], ARGV[4]) end
+end
+return 0
+"#;
 
 impl RedisOrigin {
     /// Sets up a lazily connecting client: the gateway starts (and decides locally) even if
@@ -219,70 +246,77 @@ impl RedisOrigin {
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
         Ok(Self {
             conn,
-            decide: redis::Script::new(DECIDE_LUA),
-            prior: Arc::new(AtomicU32::new(1)),
+            decide: redis::Script::new(&format!("{MERGE_OWN_LUA}{DECIDE_LUA}")),
+            replay: redis::Script::new(&format!("{MERGE_OWN_LUA}{REPLAY_LUA}")),
+            roll_back: redis::Script::new(ROLLBACK_LUA),
         })
     }
 
-    /// Announces `instance` as live and refreshes the region's live-process count.
-    pub async fn presence(&self, instance: &str, now_ms: u64) -> Result<u32, OriginError> {
-        let mut conn = self.conn.clone();
-        let (_, _, live): (i64, i64, u32) = redis::pipe()
-            .cmd("ZADD")
-            .arg(INSTANCES_KEY)
-            .arg(now_ms)
-            .arg(instance)
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(INSTANCES_KEY)
-            .arg("-inf")
-            .arg(now_ms.saturating_sub(3 * PEER_WINDOW_MS))
-            .cmd("ZCARD")
-            .arg(INSTANCES_KEY)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        self.prior.store(live.max(1), Ordering::Relaxed);
-        Ok(live)
-    }
-
     /// Decides limit by limit (each window key is one script call, in its own slot); if a
-    /// later limit denies, the increments of the earlier ones are taken back. Should taking
-    /// back fail, the counts stay too high: later requests are denied early, never admitted
-    /// beyond the limit.
+    /// later limit denies, what the earlier ones counted and leased is taken back. Should
+    /// taking back fail, the counts stay too high: later requests are denied early, never
+    /// admitted beyond the limit.
     pub(crate) async fn decide(
         &self,
         instance: &str,
         limits: &[DecideLimit<'_>],
         now_ms: u64,
+        lease_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
         let mut conn = self.conn.clone();
-        let prior = self.prior.load(Ordering::Relaxed);
+        let until = strata_core::lease::reserved_until(now_ms, lease_ms);
         let mut outcomes = Vec::with_capacity(limits.len());
+        let mut replaced = Vec::with_capacity(limits.len());
         let mut failed = false;
         for l in limits {
             let d = l.key.duration();
             let sequence = d.sequence(now_ms);
-            let (ok, cur, prev, peers): (u8, u64, u64, u32) = self
+            let previous = sequence.saturating_sub(1);
+            let (ok, cur, prev, used, lease, rc, rp, lease_id, held): ScriptReply = self
                 .decide
                 .key(cell_key(l.key, sequence))
-                .key(cell_key(l.key, sequence.saturating_sub(1)))
-                .key(peers_key(l.key))
+                .key(cell_key(l.key, previous))
+                .key(lease_key(l.key, sequence))
+                .key(lease_key(l.key, previous))
                 .arg(l.limit)
                 .arg(l.cost)
                 .arg(d.as_ms())
                 .arg(now_ms)
-                .arg(l.unseen)
                 .arg(instance)
-                .arg(PEER_WINDOW_MS)
-                .arg(MAX_PEERS)
-                .arg(prior)
+                .arg(l.used[0])
+                .arg(l.used[1])
+                .arg(l.want)
+                .arg(until)
                 .arg(u8::from(failed))
                 .arg(l.global[0])
                 .arg(l.global[1])
+                .arg(l.release)
+                .arg(l.floor[0])
+                .arg(l.floor[1])
                 .invoke_async(&mut conn)
                 .await
                 .map_err(backend)?;
-            let check = l.check(cur, prev);
+            let counted_here = ok == 1 && !failed;
+            let before = if counted_here {
+                cur.saturating_sub(l.cost)
+            } else {
+                cur
+            };
+            let check = strata_core::LimitCheck {
+                counts: strata_core::WindowCounts {
+                    current: strata_core::Counts {
+                        regional: before.saturating_add(rc),
+                        global: l.global[0],
+                    },
+                    previous: strata_core::Counts {
+                        regional: prev.saturating_add(rp),
+                        global: l.global[1],
+                    },
+                },
+                duration: d,
+                limit: l.limit,
+                cost: l.cost,
+            };
             let decision = check.decide(now_ms, 0);
             if decision.success != (ok == 1) {
                 tracing::error!(
@@ -292,7 +326,6 @@ impl RedisOrigin {
                 );
             }
             let dry = failed;
-            let counted = ok == 1 && !dry;
             failed |= ok == 0;
             // A limit after the first denial only ran dry: like every other limit of a denied
             // request, it reports what it would have left without this request's cost.
@@ -307,17 +340,17 @@ impl RedisOrigin {
                     decision
                 },
                 sequence,
-                current: if counted {
-                    cur.saturating_add(l.cost)
-                } else {
-                    cur
-                },
+                current: cur,
                 previous: prev,
-                peers,
+                used,
+                lease,
+                lease_id,
             });
+            replaced.push(held);
         }
         if failed {
-            self.roll_back(limits, &mut outcomes, now_ms).await;
+            self.roll_back(instance, limits, &replaced, &mut outcomes, now_ms)
+                .await;
         }
         Ok(DecideAnswer {
             success: !failed,
@@ -325,113 +358,102 @@ impl RedisOrigin {
         })
     }
 
-    /// Takes back the increments of the limits counted before one denied.
+    /// Takes back what the limits counted before one denied added: their cost and the
+    /// leases they granted (see `ROLLBACK_LUA`).
     async fn roll_back(
         &self,
+        instance: &str,
         limits: &[DecideLimit<'_>],
+        replaced: &[String],
         outcomes: &mut [DecideOutcome],
         now_ms: u64,
     ) {
-        let mut pipe = redis::pipe();
-        let mut taken = 0;
-        for (l, o) in limits.iter().zip(outcomes.iter_mut()) {
+        let mut invocations = Vec::new();
+        for ((l, o), before) in limits.iter().zip(outcomes.iter_mut()).zip(replaced) {
             // Counted ones are the passes before the first denial (later ones ran dry).
             if !o.decision.success {
                 break;
             }
-            if l.cost > 0 {
-                pipe.cmd("DECRBY")
-                    .arg(cell_key(l.key, l.key.duration().sequence(now_ms)))
-                    .arg(l.cost)
-                    .ignore();
-                o.current = o.current.saturating_sub(l.cost);
-                taken += 1;
-            }
+            let sequence = l.key.duration().sequence(now_ms);
+            let mut i = self.roll_back.key(cell_key(l.key, sequence));
+            i.key(lease_key(l.key, sequence))
+                .arg(l.cost)
+                .arg(instance)
+                .arg(o.lease_id)
+                .arg(before);
+            invocations.push(i);
+            o.current = o.current.saturating_sub(l.cost);
             o.decision = o.decision.uncounted(l.cost);
+            o.lease = 0;
+            o.lease_id = 0;
         }
-        if taken == 0 {
+        if invocations.is_empty() {
             return;
+        }
+        let mut pipe = redis::pipe();
+        pipe.load_script(&self.roll_back).ignore();
+        for i in &invocations {
+            pipe.invoke_script(i).ignore();
         }
         let mut conn = self.conn.clone();
         if let Err(e) = pipe.query_async::<()>(&mut conn).await {
-            tracing::error!(error = %e, cells = taken, "multi-limit rollback failed: those cells stay over-counted until they expire");
+            tracing::error!(error = %e, cells = invocations.len(), "multi-limit rollback failed: those cells stay over-counted until they expire");
         }
     }
 
-    pub(crate) async fn read(
-        &self,
-        instance: Option<&str>,
-        cells: &[CellRead<'_>],
-        now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
+    pub(crate) async fn read(&self, cells: &[CellRead<'_>]) -> Result<Vec<u64>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<String> = cells.iter().map(|(k, s)| cell_key(*k, *s)).collect();
         let mut pipe = redis::pipe();
-        pipe.cmd("MGET").arg(&keys);
-        for (key, _) in cells {
-            touch_peers(&mut pipe, &peers_key(*key), instance, now_ms, false);
+        for (key, sequence) in cells {
+            pipe.cmd("HGET").arg(cell_key(*key, *sequence)).arg("n");
         }
         let mut conn = self.conn.clone();
-        let mut replies: Vec<redis::Value> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        let first = if replies.is_empty() {
-            redis::Value::Nil
-        } else {
-            replies.remove(0)
-        };
-        let values: Vec<Option<u64>> = redis::from_redis_value(first)
-            .map_err(|e| OriginError::Backend(format!("redis: {e}")))?;
-        let prior = self.prior.load(Ordering::Relaxed);
-        // Each cell's commands end with ZCARD and ZSCORE (the others are ignored).
-        let mut tail = replies.chunks(2);
-        Ok(values
-            .into_iter()
-            .map(|v| {
-                let pair = tail.next().unwrap_or_default();
-                (
-                    v.unwrap_or(0),
-                    peers_from(pair.first(), pair.get(1), now_ms, prior),
-                )
-            })
-            .collect())
+        let values: Vec<Option<u64>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
     }
 
     pub(crate) async fn replay(
         &self,
-        instance: Option<&str>,
-        cells: &[CellIncrement<'_>],
-        now_ms: u64,
-    ) -> Result<Vec<(u64, u32)>, OriginError> {
+        instance: &str,
+        cells: &[CellUsed<'_>],
+    ) -> Result<Vec<Option<u64>>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for c in cells {
-            let key = cell_key(c.key, c.sequence);
-            let ttl_ms = c.key.duration().as_ms().saturating_mul(3);
-            let peers = peers_key(c.key);
-            pipe.cmd("MULTI").ignore();
-            pipe.cmd("INCRBY").arg(&key).arg(c.cost).ignore();
-            pipe.cmd("PEXPIRE").arg(&key).arg(ttl_ms).arg("NX").ignore();
-            touch_peers(&mut pipe, &peers, instance, now_ms, true);
-            pipe.cmd("EXEC");
+        // One bad cell (a foreign value at its key) fails alone; the others are merged.
+        pipe.ignore_errors();
+        // Loaded in the same round trip, so a restarted Redis never answers NOSCRIPT.
+        pipe.load_script(&self.replay).ignore();
+        let invocations: Vec<redis::ScriptInvocation<'_>> = cells
+            .iter()
+            .map(|c| {
+                let mut i = self.replay.key(cell_key(c.key, c.sequence));
+                i.key(lease_key(c.key, c.sequence))
+                    .arg(instance)
+                    .arg(c.used)
+                    .arg(c.key.duration().as_ms().saturating_mul(3))
+                    .arg(c.release);
+                i
+            })
+            .collect();
+        for i in &invocations {
+            pipe.invoke_script(i);
         }
         let mut conn = self.conn.clone();
-        let results: Vec<Vec<redis::Value>> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        let prior = self.prior.load(Ordering::Relaxed);
-        Ok(results
+        let counts: Vec<redis::RedisResult<u64>> =
+            pipe.query_async(&mut conn).await.map_err(backend)?;
+        Ok(counts
             .into_iter()
-            .map(|replies| {
-                let count = int(replies.first());
-                let n = replies.len();
-                let peers = peers_from(
-                    replies.get(n.wrapping_sub(2)),
-                    replies.last(),
-                    now_ms,
-                    prior,
-                );
-                (count, peers)
+            .zip(cells)
+            .map(|(r, c)| match r {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::warn!(error = %e, cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
+                    None
+                }
             })
             .collect())
     }

@@ -1,0 +1,314 @@
+//! Exact across real processes: several `strata-gateway` processes of one region on one private
+//! Redis, started from the built binary with the defaults a user would run (default replay
+//! interval, no `STRATA_*` settings inherited), driven over HTTP. Proves that
+//! - five gateways under a burst of twenty times the limit, all at once, admit at most the limit
+//!   (+5%) and not much less (the budget is used, nobody is wrongly denied a lot);
+//! - two gateways hit at the same moment on a cold key of limit 1 admit it exactly once;
+//! - a lone client on one gateway, while four others are live but idle, gets its whole budget,
+//!   in order (no denial before the last admission).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss
+)] // test code: a panic is the failure report
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::redis::RedisServer;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// One gateway process: killed, and its data dir removed, on drop.
+struct Gateway {
+    child: Child,
+    dir: PathBuf,
+    base: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A suffix no earlier run used, so every identifier is fresh.
+fn fresh(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Spawns a gateway on a free port over `redis`, with its own data dir and `extra` arguments.
+fn start_gateway(redis: &RedisServer, extra: &[&str]) -> Gateway {
+    let port = common::free_port();
+    let dir = std::env::temp_dir().join(format!(
+        "strata-exact-processes-{}-{port}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
+    // The defaults a user would run: no setting leaks in from this environment.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("STRATA_") {
+            command.env_remove(key);
+        }
+    }
+    let child = command
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--redis-url",
+            &redis.url(),
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(extra)
+        .env("STRATA_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Gateway {
+        child,
+        dir,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// Waits until the gateway answers `/readyz` with 200.
+async fn ready(gateway: &mut Gateway, http: &reqwest::Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{}/readyz", gateway.base)).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        if let Ok(Some(status)) = gateway.child.try_wait() {
+            panic!("gateway {} exited before ready: {status}", gateway.base);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gateway {} not ready within 30 s",
+            gateway.base
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// `n` gateways on `redis`, started together, each ready.
+async fn start_gateways(redis: &RedisServer, n: usize) -> Vec<Gateway> {
+    let mut gateways: Vec<Gateway> = (0..n).map(|_| start_gateway(redis, &[])).collect();
+    let http = client();
+    for g in &mut gateways {
+        ready(g, &http).await;
+    }
+    gateways
+}
+
+/// One `/v1/ratelimit` call for `identifier` at `limit` per hour: admitted or not.
+async fn admit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64) -> bool {
+    let body = json!({"namespace":"api","identifier":identifier,"limit":limit,"duration":HOUR_MS});
+    let r = http
+        .post(format!("{base}/v1/ratelimit"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{base}: {body}");
+    let answer: Value = r.json().await.unwrap();
+    answer["success"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("{base}: no success in {answer}"))
+}
+
+/// The gateway's origin decide calls so far (all results), from `/metrics`. If there is no
+/// such counter, prints the lines about the origin once, so the name can be seen.
+async fn origin_decides(http: &reqwest::Client, base: &str, shown: &mut bool) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("strata_origin_calls_total") && l.contains("op=\"decide\""))
+        .collect();
+    if lines.is_empty() && !*shown {
+        *shown = true;
+        println!("no strata_origin_calls_total{{op=\"decide\"}} in /metrics; the origin lines:");
+        for line in text.lines().filter(|l| l.contains("origin")) {
+            println!("  {line}");
+        }
+    }
+    lines
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_gateways_hold_a_burst_of_twenty_times_the_limit() {
+    const GATEWAYS: usize = 5;
+    const PER_GATEWAY: usize = 4;
+    const LIMIT: u64 = 100;
+    const EACH: usize = 100;
+    const REPETITIONS: usize = 10;
+    let requests = GATEWAYS * PER_GATEWAY * EACH;
+    let redis = RedisServer::start();
+    let gateways = start_gateways(&redis, GATEWAYS).await;
+    // Four connections per gateway, each set up (one request on an unrelated key) beforehand.
+    let connections: Vec<(reqwest::Client, String)> = (0..GATEWAYS * PER_GATEWAY)
+        .map(|i| (client(), gateways[i % GATEWAYS].base.clone()))
+        .collect();
+    for (i, (http, base)) in connections.iter().enumerate() {
+        admit(http, base, &fresh(&format!("warm-{i}")), 1_000).await;
+    }
+    let metrics = client();
+    let mut shown = false;
+    let mut runs = Vec::new();
+    for rep in 0..REPETITIONS {
+        let identifier = fresh(&format!("burst-{rep}"));
+        let mut before = 0.0;
+        for g in &gateways {
+            before += origin_decides(&metrics, &g.base, &mut shown).await;
+        }
+        let start = Arc::new(Barrier::new(connections.len()));
+        let tasks: Vec<_> = connections
+            .iter()
+            .map(|(http, base)| {
+                let (http, base) = (http.clone(), base.clone());
+                let (identifier, start) = (identifier.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let mut admitted = 0_u64;
+                    for _ in 0..EACH {
+                        admitted += u64::from(admit(&http, &base, &identifier, LIMIT).await);
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        let mut after = 0.0;
+        for g in &gateways {
+            after += origin_decides(&metrics, &g.base, &mut shown).await;
+        }
+        let per_1000 = (after - before) * 1_000.0 / requests as f64;
+        println!(
+            "burst {rep}: admitted {admitted} of {requests} (limit {LIMIT}), origin decisions {per_1000:.1} per 1,000 requests"
+        );
+        runs.push((admitted, per_1000));
+    }
+    let min = runs.iter().map(|r| r.0).min().unwrap();
+    let max = runs.iter().map(|r| r.0).max().unwrap();
+    let decides = runs.iter().map(|r| r.1).sum::<f64>() / runs.len() as f64;
+    println!(
+        "burst: admitted min {min} / max {max} over {REPETITIONS} repetitions, origin decisions {decides:.1} per 1,000 requests"
+    );
+    for (rep, (admitted, _)) in runs.iter().enumerate() {
+        assert!(
+            *admitted <= LIMIT + LIMIT / 20,
+            "repetition {rep}: {admitted} admitted, limit {LIMIT}"
+        );
+        assert!(
+            *admitted >= LIMIT - LIMIT / 20,
+            "repetition {rep}: only {admitted} admitted, limit {LIMIT}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_never_both_admit_a_cold_key_of_limit_one() {
+    const KEYS: usize = 50;
+    let redis = RedisServer::start();
+    let gateways = start_gateways(&redis, 2).await;
+    let (a, b) = (gateways[0].base.as_str(), gateways[1].base.as_str());
+    // One client (one connection) per gateway, set up beforehand on an unrelated key.
+    let (to_a, to_b) = (client(), client());
+    admit(&to_a, a, &fresh("warm-a"), 1_000).await;
+    admit(&to_b, b, &fresh("warm-b"), 1_000).await;
+    let mut outcomes = Vec::with_capacity(KEYS);
+    for k in 0..KEYS {
+        let identifier = fresh(&format!("cold-{k}"));
+        let (x, y) = tokio::join!(
+            admit(&to_a, a, &identifier, 1),
+            admit(&to_b, b, &identifier, 1)
+        );
+        outcomes.push((x, y));
+    }
+    let exactly_one = outcomes.iter().filter(|(x, y)| x != y).count();
+    let both = outcomes.iter().filter(|(x, y)| *x && *y).count();
+    let neither = outcomes.iter().filter(|(x, y)| !*x && !*y).count();
+    println!(
+        "cold key of limit 1, two gateways at once: exactly one admitted on {exactly_one} of {KEYS} keys, both on {both}, neither on {neither}"
+    );
+    for (k, (x, y)) in outcomes.iter().enumerate() {
+        assert!(!(*x && *y), "key {k}: both gateways admitted (limit 1)");
+        assert!(*x || *y, "key {k}: neither gateway admitted (limit 1)");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_client_gets_its_whole_budget_while_other_gateways_idle() {
+    const LIMIT: u64 = 100;
+    const REQUESTS: usize = 200;
+    let redis = RedisServer::start();
+    let gateways = start_gateways(&redis, 5).await;
+    let http = client();
+    // The four idle gateways are live and known at the origin: each has served a few requests.
+    for (i, g) in gateways.iter().enumerate().skip(1) {
+        for j in 0..3 {
+            admit(&http, &g.base, &fresh(&format!("idle-{i}-{j}")), LIMIT).await;
+        }
+    }
+    let identifier = fresh("lone");
+    let mut outcomes = Vec::with_capacity(REQUESTS);
+    for _ in 0..REQUESTS {
+        outcomes.push(admit(&http, &gateways[0].base, &identifier, LIMIT).await);
+    }
+    let admitted = outcomes.iter().filter(|x| **x).count();
+    let first_denial = outcomes.iter().position(|x| !*x);
+    let pattern: String = outcomes
+        .iter()
+        .map(|x| if *x { '+' } else { '.' })
+        .collect();
+    println!("lone client, in order (+ admitted, . denied): {pattern}");
+    println!(
+        "lone client: admitted {admitted} of {REQUESTS} (limit {LIMIT}), first denial at request {}",
+        first_denial.map_or_else(|| "none".to_string(), |i| (i + 1).to_string())
+    );
+    assert_eq!(admitted as u64, LIMIT, "admitted {admitted}, limit {LIMIT}");
+    assert_eq!(
+        first_denial,
+        Some(LIMIT as usize),
+        "a denial before the {LIMIT}th admission"
+    );
+}

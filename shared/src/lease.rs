@@ -1,0 +1,126 @@
+//! Leases: the share of a limit a process may admit from its own memory before it asks the
+//! origin again.
+//!
+//! A local pass is only wrong when other processes admitted, unseen, what was left. Instead of
+//! estimating their unseen traffic, every process asks the origin for a lease with each
+//! decision there: the origin grants at most half of what the limit leaves after everything
+//! it counted *and* every other live lease, and records it. Local passes consume the lease;
+//! anything beyond it is decided at the origin. So the region never admits more than the
+//! limit, however many processes serve a key and however they start (a cold key, two
+//! processes at the same millisecond), and a process that holds no lease (idle, or serving
+//! other keys) takes nothing from anyone's budget.
+//!
+//! Costs, on one key: a lone process far from its limit asks once for a large lease (the
+//! origin lends up to half of what lies above the last quarter of the limit), then once per
+//! lease lifetime (5 s by default) or when it ran out (asking twice the last grant); near the
+//! limit leases shrink and the last units are decided at the origin nearly one by one.
+//! An idle process's unused lease holds back at most half of what was left, for at most the
+//! lease lifetime plus [`LEASE_GRACE_MS`].
+
+use crate::policy::Reason;
+
+/// How long the origin keeps reserving a lease after its holder must stop using it: the
+/// holder's last local passes reach the origin with its next replay (every 100 ms by
+/// default), and until they do, the reservation stands in for them.
+pub const LEASE_GRACE_MS: u64 = 1_000;
+
+/// A process's lease history on one window key: what it was granted last, so the next ask
+/// grows with demand (8 bytes, carried across windows like a rate).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    pub(crate) last_grant: u64,
+}
+
+impl LeaseState {
+    /// The lease to ask for, beyond the request's own cost: for a key new to this process,
+    /// the whole limit (the origin's grant rule decides how much of it is safe to lend: a key
+    /// with a few requests then costs one round trip, not one per doubling); twice the last
+    /// grant when a lease ran out; the last grant again when one expired, or when one ran out
+    /// after a recent denial (strict: no growth near the limit).
+    pub fn want(&self, reason: Reason, cost: u64, limit: u64) -> u64 {
+        let base = self.last_grant.max(cost).max(1);
+        let want = match reason {
+            Reason::Cold => limit,
+            Reason::Lease => base.saturating_mul(2),
+            Reason::Stale | Reason::Strict => base,
+        };
+        want.min(limit)
+    }
+
+    /// The size of the last lease granted.
+    pub const fn last_grant(&self) -> u64 {
+        self.last_grant
+    }
+
+    pub(crate) fn granted(&mut self, lease: u64) {
+        self.last_grant = lease;
+    }
+}
+
+/// The share of a limit kept for small leases: within it, a lease is at most
+/// `limit / (20 x holders)`, so all the leases that can go unused there add up to about 5%
+/// of the limit (a process whose traffic stops strands its lease until it expires or gives
+/// it back). Above it, a lease is up to half of what lies above the zone.
+pub const EXACT_ZONE_DIVISOR: u64 = 4;
+const SMALL_LEASE_DIVISOR: u64 = 20;
+
+/// The origin's grant after a pass that leaves `available` for the caller (what is left,
+/// plus the caller's own lease left over, which the grant replaces), with `holders` live
+/// leases on the cell (the caller's included): what was asked, at most half of what lies
+/// above the last quarter of the limit, plus a small share that keeps what can go unused in
+/// that last quarter near 5% of the limit. So a process arriving next always finds room,
+/// and a burst that stops leaves little reserved.
+pub fn grant(want: u64, available: u64, limit: u64, holders: u64) -> u64 {
+    let zone = limit / EXACT_ZONE_DIVISOR;
+    let small = (limit / SMALL_LEASE_DIVISOR.saturating_mul(holders.max(1))).min(available / 2);
+    let above = available.saturating_sub(zone) / 2;
+    want.min(above.saturating_add(small))
+}
+
+/// Until when (origin clock) the origin reserves a lease granted at `now_ms` for
+/// `lease_ms`.
+pub const fn reserved_until(now_ms: u64, lease_ms: u64) -> u64 {
+    now_ms
+        .saturating_add(lease_ms)
+        .saturating_add(LEASE_GRACE_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_grow_by_doubling_and_stop_while_strict() {
+        let mut l = LeaseState::default();
+        assert_eq!(
+            l.want(Reason::Cold, 1, 100),
+            100,
+            "a new key asks for what it can get"
+        );
+        assert_eq!(l.want(Reason::Stale, 1, 100), 1);
+        l.granted(1);
+        assert_eq!(l.want(Reason::Lease, 1, 100), 2);
+        l.granted(40);
+        assert_eq!(l.want(Reason::Lease, 1, 100), 80);
+        assert_eq!(l.want(Reason::Lease, 1, 50), 50, "never above the limit");
+        assert_eq!(l.want(Reason::Stale, 1, 100), 40);
+        assert_eq!(
+            l.want(Reason::Strict, 1, 100),
+            40,
+            "no growth after a denial"
+        );
+    }
+
+    #[test]
+    fn a_grant_leaves_half_of_what_lies_above_the_last_quarter() {
+        assert_eq!(grant(10, 100, 100, 1), 10);
+        assert_eq!(grant(80, 100, 100, 1), 37 + 5);
+        assert_eq!(grant(80, 20, 100, 1), 5, "the last quarter: small leases");
+        assert_eq!(grant(80, 20, 100, 5), 1, "shared by five holders");
+        assert_eq!(
+            grant(5, 1, 100, 1),
+            0,
+            "the last unit is decided at the origin"
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The origin's side of one cell: the region's count, each process's cumulative own count,
+//! and the live leases. The embedded origin keeps one per cell in memory; the Redis decide
+//! and replay scripts keep the same fields in a hash and follow the same rules (a test runs
+//! both side by side).
+//!
+//! - A process's own count merges with `max`: a replay or decision that arrives twice, late
+//!   or after a timeout counts once, and a bad cell cannot make another grow.
+//! - `count` is the sum of the own counts of local passes plus the passes decided here.
+//! - `reserved` is what live leases may still admit: `ceiling - own` per lease. A decision
+//!   counts every live lease as used (the caller's too: its in-flight local passes may be
+//!   using it). A live ceiling is only ever raised, so a holder may merge answers in any order.
+
+use alloc::collections::BTreeMap;
+use alloc::string::{String, ToString};
+
+use crate::decision::{Counts, LimitCheck, WindowCounts};
+use crate::window::WindowDuration;
+
+/// One process's lease on a cell: it may admit up to `ceiling` (its own count) locally.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The own count the holder may reach.
+    pub ceiling: u64,
+    /// Until when the origin reserves it (origin clock); also its id: each grant to a holder
+    /// on a cell gets a larger one.
+    pub until_ms: u64,
+}
+
+/// The origin's view of one cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CellLedger {
+    count: u64,
+    own: BTreeMap<String, u64>,
+    leases: BTreeMap<String, Lease>,
+    /// The last lease id granted per process, kept when its lease is dropped, so ids never
+    /// repeat (a holder ignores an id it has seen).
+    last_ids: BTreeMap<String, u64>,
+}
+
+impl CellLedger {
+    /// The region's count of the cell.
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// `instance`'s cumulative count as the origin holds it.
+    pub fn own(&self, instance: &str) -> u64 {
+        self.own.get(instance).copied().unwrap_or(0)
+    }
+
+    /// Merges `instance`'s cumulative count with `max`; the count grows by the difference.
+    pub fn merge_own(&mut self, instance: &str, used: u64) {
+        if used == 0 {
+            return;
+        }
+        let held = self.own.entry(instance.to_string()).or_insert(0);
+        if used > *held {
+            self.count = self.count.saturating_add(used - *held);
+            *held = used;
+        }
+    }
+
+    /// Raises the count to `floor` (this region's published count: an origin that lost its
+    /// data, or a new embedded one, counts from what the region already published).
+    pub fn raise(&mut self, floor: u64) {
+        self.count = self.count.max(floor);
+    }
+
+    /// Counts `cost` decided here (it is no process's local pass, so never replayed).
+    pub fn add(&mut self, cost: u64) {
+        self.count = self.count.saturating_add(cost);
+    }
+
+    /// What live leases may still admit at `now_ms`: the other processes' and
+    /// `instance`'s own. Expired leases are dropped.
+    pub fn reserved(&mut self, instance: &str, now_ms: u64) -> (u64, u64) {
+        self.leases.retain(|_, l| now_ms < l.until_ms);
+        let own = &self.own;
+        self.leases.iter().fold((0, 0), |(others, mine), (i, l)| {
+            let left = l.ceiling.saturating_sub(own.get(i).copied().unwrap_or(0));
+            if i == instance {
+                (others, mine.saturating_add(left))
+            } else {
+                (others.saturating_add(left), mine)
+            }
+        })
+    }
+
+    /// Grants `instance` a lease of `lease` beyond its own count until `until_ms`; a live
+    /// ceiling is only raised (the holder may be passing under it while this answer travels).
+    /// Returns the lease it holds now (its ceiling minus own count) and its id (0: none).
+    pub fn lease(&mut self, instance: &str, lease: u64, now_ms: u64, until_ms: u64) -> (u64, u64) {
+        let own = self.own(instance);
+        let live = self
+            .leases
+            .get(instance)
+            .filter(|l| now_ms < l.until_ms)
+            .map_or(0, |l| l.ceiling);
+        let ceiling = live.max(own.saturating_add(lease));
+        if ceiling <= own {
+            return (0, 0);
+        }
+        // Ids strictly increase per holder (across dropped leases too), so a release names
+        // exactly one grant and a holder recognises a new one.
+        let last = self.last_ids.entry(instance.to_string()).or_insert(0);
+        let until_ms = until_ms.max(last.saturating_add(1));
+        *last = until_ms;
+        self.leases
+            .insert(instance.to_string(), Lease { ceiling, until_ms });
+        (ceiling - own, until_ms)
+    }
+
+    /// Drops `instance`'s lease `id` (it stopped using it first), unless a newer grant
+    /// replaced it.
+    pub fn release(&mut self, instance: &str, id: u64) {
+        if self.leases.get(instance).is_some_and(|l| l.until_ms == id) {
+            self.leases.remove(instance);
+        }
+    }
+
+    /// Leases held, live or not yet found expired.
+    pub fn leases(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Live leases at `now_ms`, counting `instance` as one whether it holds one or not (the
+    /// grant it is about to get).
+    pub fn holders(&self, instance: &str, now_ms: u64) -> u64 {
+        let others = self
+            .leases
+            .iter()
+            .filter(|(i, l)| i.as_str() != instance && now_ms < l.until_ms)
+            .count();
+        u64::try_from(others).unwrap_or(u64::MAX).saturating_add(1)
+    }
+}
+
+/// The check an origin decides one limit of `instance` with, and the caller's own live lease
+/// (a new grant raises it rather than adding to it): both cells' counts with every live
+/// lease as used, and the other regions' imported counts.
+#[allow(clippy::too_many_arguments)]
+pub fn origin_check(
+    current: &mut CellLedger,
+    previous: &mut CellLedger,
+    instance: &str,
+    global: [u64; 2],
+    duration: WindowDuration,
+    limit: u64,
+    cost: u64,
+    now_ms: u64,
+) -> (LimitCheck, u64) {
+    let (others, mine) = current.reserved(instance, now_ms);
+    let (prev_others, prev_mine) = previous.reserved(instance, now_ms);
+    let check = LimitCheck {
+        counts: WindowCounts {
+            current: Counts {
+                regional: current.count().saturating_add(others).saturating_add(mine),
+                global: global[0],
+            },
+            previous: Counts {
+                regional: previous
+                    .count()
+                    .saturating_add(prev_others)
+                    .saturating_add(prev_mine),
+                global: global[1],
+            },
+        },
+        duration,
+        limit,
+        cost,
+    };
+    (check, mine)
+}
+
+/// Where a caller's own counts of its cells `caller_sequence` and the one before fall on the
+/// origin's cells `origin_sequence` and the one before (clocks may straddle a boundary).
+pub fn used_on(origin_sequence: u64, caller_sequence: u64, used: [u64; 2]) -> [u64; 2] {
+    if caller_sequence == origin_sequence {
+        used
+    } else if caller_sequence.checked_add(1) == Some(origin_sequence) {
+        [0, used[0]]
+    } else if origin_sequence.checked_add(1) == Some(caller_sequence) {
+        [used[1], 0]
+    } else {
+        [0, 0]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_counts_merge_with_max_so_a_repeat_counts_once() {
+        let mut c = CellLedger::default();
+        c.merge_own("a", 5);
+        c.merge_own("a", 5);
+        c.merge_own("a", 3);
+        c.merge_own("b", 2);
+        assert_eq!(c.count(), 7);
+        c.add(1);
+        assert_eq!(
+            (c.count(), c.own("a")),
+            (8, 5),
+            "a pass decided here is no one's own"
+        );
+    }
+
+    #[test]
+    fn live_leases_are_reserved_until_they_expire() {
+        let mut c = CellLedger::default();
+        c.merge_own("a", 4);
+        assert_eq!(c.lease("a", 10, 0, 1_000), (10, 1_000));
+        assert_eq!(c.lease("b", 3, 0, 2_000), (3, 2_000));
+        assert_eq!(c.reserved("b", 0), (10, 3));
+        c.merge_own("a", 9); // five of a's lease were used and replayed
+        assert_eq!(c.reserved("a", 0), (3, 5));
+        assert_eq!(
+            c.lease("a", 2, 0, 1_000),
+            (5, 1_001),
+            "never lowered; a new id"
+        );
+        c.release("a", 1_000);
+        assert_eq!(c.reserved("a", 0), (3, 5), "an older id releases nothing");
+        assert_eq!(c.reserved("a", 1_001), (3, 0), "a's lease expired");
+        c.release("b", 2_000);
+        assert_eq!((c.reserved("a", 0), c.leases()), ((0, 0), 0));
+        // A clock that did not move (or moved back) still gives a new grant a new id.
+        assert_eq!(c.lease("b", 3, 0, 1_500), (3, 2_001), "ids never repeat");
+    }
+
+    #[test]
+    fn own_counts_map_across_a_window_boundary() {
+        assert_eq!(used_on(7, 7, [3, 2]), [3, 2]);
+        assert_eq!(used_on(8, 7, [3, 2]), [0, 3], "caller behind");
+        assert_eq!(used_on(7, 8, [3, 2]), [2, 0], "caller ahead");
+        assert_eq!(used_on(9, 7, [3, 2]), [0, 0]);
+    }
+}

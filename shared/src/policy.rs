@@ -1,0 +1,54 @@
+//! Region-wide origin settings and the reasons a decision goes to the origin: plain data that
+//! the window state, the lease rules and the request path all read (kept apart so none of
+//! them imports another for it).
+
+/// How long a lease may be used by default (the origin's `--fresh-for`).
+pub const DEFAULT_LEASE_MS: u64 = 5_000;
+/// How long a failed origin call holds off the next call for the same cell by default.
+pub const DEFAULT_READ_RETRY_MS: u64 = 300;
+
+/// Region-wide origin settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginPolicy {
+    /// How long a lease the origin grants may be used (it reserves it
+    /// [`crate::lease::LEASE_GRACE_MS`] longer).
+    pub lease_ms: u64,
+    /// After a failed origin call, decisions on the cell stay local this long before the
+    /// next call is tried (so a down origin costs one timeout per cell per interval, not one
+    /// per request).
+    pub read_retry_ms: u64,
+}
+
+impl Default for OriginPolicy {
+    fn default() -> Self {
+        Self {
+            lease_ms: DEFAULT_LEASE_MS,
+            read_retry_ms: DEFAULT_READ_RETRY_MS,
+        }
+    }
+}
+
+/// Why a decision goes to the origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No origin decision has been merged for the window yet.
+    Cold,
+    /// The lease expired.
+    Stale,
+    /// A recent denial on the window key: every pass is decided at the origin meanwhile.
+    Strict,
+    /// The lease left does not cover the cost.
+    Lease,
+}
+
+impl Reason {
+    /// Label for logs and metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Cold => "cold",
+            Reason::Stale => "stale",
+            Reason::Strict => "strict",
+            Reason::Lease => "lease",
+        }
+    }
+}

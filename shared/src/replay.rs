@@ -1,0 +1,151 @@
+//! The replay buffer: what a process admitted locally reaches the origin in batches.
+//!
+//! Each cell keeps this process's cumulative own count (`CellState::own`) and the largest value
+//! the origin acknowledged; a replay carries the cumulative value, which the origin merges
+//! with `max` per process. So a batch that timed out after the origin applied it, or that is
+//! sent twice, counts once; a batch that failed is not put back anywhere, because the values
+//! it carried are still in the table and the next batch carries them (or larger ones); and a
+//! cost in flight still counts wherever this process reports its own count (every origin
+//! decision carries it too). The table's touched list finds the cells without a scan, and a
+//! local pass adds nothing to it beyond a flag (no allocation: it grows with the slab).
+
+use alloc::string::ToString;
+use alloc::vec::Vec;
+
+use crate::decision::Counts;
+use crate::identity::WindowKey;
+use crate::slab::unacked;
+use crate::table::CounterTable;
+use crate::wire;
+
+/// One cell's own cumulative count, to replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayEvent {
+    /// The window key.
+    pub key: WindowKey,
+    /// The cell's sequence.
+    pub sequence: u64,
+    /// This process's cumulative admitted cost in the cell.
+    pub used: u64,
+    /// The latest limit of the key (the origin's publish floor follows it).
+    pub limit: u64,
+    /// The id of the lease this process gives back on the cell (0: none); it stopped using it
+    /// first.
+    pub release: u64,
+}
+
+/// Cells to replay in one call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayBatch {
+    /// The cells, at most one event each.
+    pub events: Vec<ReplayEvent>,
+}
+
+impl ReplayBatch {
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Cells in the batch.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The `POST /v1/origin/replay` body.
+    pub fn to_wire(&self, instance: &str) -> wire::ReplayRequest {
+        wire::ReplayRequest {
+            instance: instance.to_string(),
+            events: self
+                .events
+                .iter()
+                .map(|e| wire::ReplayEvent {
+                    namespace: e.key.as_ref().namespace().to_string(),
+                    identifier: e.key.as_ref().identifier().to_string(),
+                    duration: e.key.duration().as_ms(),
+                    sequence: e.sequence,
+                    used: e.used,
+                    limit: e.limit,
+                    release: e.release,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl CounterTable {
+    /// Up to `max` cells holding own cost the origin has not acknowledged, and leases near
+    /// the limit that went unused for a replay interval, released (see
+    /// [`WindowState::idle_lease`]). Cells stay in the table as they are:
+    /// [`ack_replay`](Self::ack_replay) records the answer, and a failed batch needs nothing
+    /// (the next one carries the same values or larger; a released lease stays released).
+    pub fn take_replay(&mut self, max: usize, now_ms: u64) -> ReplayBatch {
+        let mut events = Vec::new();
+        let slab = &mut self.slab;
+        let mut j = 0;
+        while j < slab.touched.len() && events.len() < max {
+            let i = slab.touched[j] as usize;
+            let live = slab.is_live(i);
+            let state = &mut slab.slots[i].state;
+            let idle = live && state.idle_lease(now_ms);
+            let holds =
+                live && state.current().lease_left() > 0 && state.current().is_fresh(now_ms);
+            if !(idle || holds || (live && unacked(state) > 0)) {
+                slab.untouch(i);
+                slab.touched.swap_remove(j);
+                continue;
+            }
+            let released = if idle { state.release_lease() } else { 0 };
+            let slot = &slab.slots[i];
+            for (sequence, cell) in slot.state.cells() {
+                let release = if sequence == slot.state.sequence() {
+                    released
+                } else {
+                    0
+                };
+                if cell.unacked() > 0 || release > 0 {
+                    events.push(ReplayEvent {
+                        key: slot.key.clone(),
+                        sequence,
+                        used: cell.own(),
+                        limit: slot.state.limit(),
+                        release,
+                    });
+                }
+            }
+            j += 1;
+        }
+        ReplayBatch { events }
+    }
+
+    /// Merges a replay answer: `counts[i]` is the origin's count of event `i`'s cell after it
+    /// took the event. Entries evicted or rolled away since are skipped.
+    pub fn ack_replay(&mut self, batch: &ReplayBatch, counts: &[Counts]) {
+        for (e, c) in batch.events.iter().zip(counts) {
+            self.ack_one(e, *c);
+        }
+    }
+
+    /// [`ack_replay`](Self::ack_replay) for one event (a shell that delivered cells apart).
+    pub fn ack_one(&mut self, event: &ReplayEvent, counts: Counts) {
+        if let Some(i) = self.slab.find(event.key.as_ref()) {
+            self.slab.slots[i]
+                .state
+                .apply_replay(event.sequence, counts, event.used);
+        }
+    }
+
+    /// Cells holding own cost the origin has not acknowledged (for metrics).
+    pub fn unreplayed_cells(&self) -> usize {
+        let slab = &self.slab;
+        slab.touched
+            .iter()
+            .map(|&i| i as usize)
+            .filter(|&i| slab.is_live(i))
+            .map(|i| {
+                let s = &slab.slots[i].state;
+                usize::from(s.current().unacked() > 0) + usize::from(s.previous().unacked() > 0)
+            })
+            .sum()
+    }
+}

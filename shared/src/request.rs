@@ -1,0 +1,441 @@
+//! The request path every shell drives, sans I/O: a request (one or several limits and
+//! `now_ms`) is answered either with a decision or with exactly one origin call to make. The
+//! shell performs the call and hands back the answers (or says it failed); the core merges
+//! them and answers the decision.
+//!
+//! ```text
+//! begin(states, limits, now) ─┬─ Begin::Decided(decision)          no round trip
+//!                             └─ Begin::Call(call) ── shell sends call.to_wire(instance)
+//!                                    ├─ answer: call.answers(&response) → finish(…) → decision
+//!                                    └─ failure: fail(…, FailureMode) → decision
+//! ```
+//!
+//! A call owns everything it needs, so a driver can hold it across an await (a Worker), in a
+//! paused stream's context until a later callback (an Envoy VM), or with no lock held (the
+//! multi-threaded gateway, whose states live in several locked shards: [`States`]).
+
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::cell::WindowState;
+use crate::decision::{Decision, LimitCheck, MultiDecision, decide_all};
+use crate::identity::WindowKey;
+use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Reason, Verdict};
+use crate::table::LimitRequest;
+use crate::wire;
+
+/// One limit of an origin call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallLimit {
+    /// The window key.
+    pub key: WindowKey,
+    /// Allowed cost per window.
+    pub limit: u64,
+    /// This request's cost.
+    pub cost: u64,
+    /// What to tell the origin, and why.
+    pub plan: OriginPlan,
+}
+
+impl CallLimit {
+    /// The limit as a request (borrowing the key).
+    pub fn request(&self) -> LimitRequest<'_> {
+        LimitRequest {
+            key: self.key.as_ref(),
+            limit: self.limit,
+            cost: self.cost,
+        }
+    }
+}
+
+/// A decision to make at the origin: every limit of the request, all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OriginCall {
+    limits: Vec<CallLimit>,
+}
+
+/// What [`begin`] answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// Decided from local memory and applied: a denial, or passes every lease covers.
+    Decided(MultiDecision),
+    /// Make this call; nothing was counted yet.
+    Call(OriginCall),
+}
+
+/// What a request gets when the origin cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Decide from local memory (the counts known so far plus this process's own passes).
+    #[default]
+    Local,
+    /// Let it through, counted locally.
+    Allow,
+    /// Deny it.
+    Deny,
+}
+
+/// An origin answer that does not fit its call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerMismatch {
+    /// Limits asked.
+    pub asked: usize,
+    /// Results answered.
+    pub answered: usize,
+}
+
+impl fmt::Display for AnswerMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the origin answered {} results for {} limits",
+            self.answered, self.asked
+        )
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for AnswerMismatch {}
+
+impl OriginCall {
+    /// A call for one limit.
+    pub fn single(limit: LimitRequest<'_>, plan: OriginPlan) -> Self {
+        Self {
+            limits: alloc::vec![CallLimit {
+                key: limit.key.to_owned_key(),
+                limit: limit.limit,
+                cost: limit.cost,
+                plan,
+            }],
+        }
+    }
+
+    /// The limits, in request order.
+    pub fn limits(&self) -> &[CallLimit] {
+        &self.limits
+    }
+
+    /// Why the call is made: the first limit's reason.
+    pub fn reason(&self) -> Reason {
+        self.limits.first().map_or(Reason::Cold, |l| l.plan.reason)
+    }
+
+    /// The `POST /v1/origin/decide` body.
+    pub fn to_wire(&self, instance: &str) -> wire::DecideRequest {
+        wire::DecideRequest {
+            instance: instance.to_string(),
+            limits: self
+                .limits
+                .iter()
+                .map(|l| wire::DecideLimitRequest {
+                    namespace: l.key.as_ref().namespace().to_string(),
+                    identifier: l.key.as_ref().identifier().to_string(),
+                    limit: l.limit,
+                    duration: l.key.duration().as_ms(),
+                    cost: l.cost,
+                    sequence: Some(l.plan.sequence),
+                    used: l.plan.used[0],
+                    used_previous: l.plan.used[1],
+                    want: l.plan.want,
+                    release: l.plan.release,
+                })
+                .collect(),
+        }
+    }
+
+    /// The core's answers from a `/v1/origin/decide` response to this call.
+    pub fn answers(
+        &self,
+        response: &wire::DecideResponse,
+    ) -> Result<Vec<OriginAnswer>, AnswerMismatch> {
+        if response.results.len() != self.limits.len() {
+            return Err(AnswerMismatch {
+                asked: self.limits.len(),
+                answered: response.results.len(),
+            });
+        }
+        Ok(response
+            .results
+            .iter()
+            .map(|r| OriginAnswer {
+                limit: r.limit,
+                remaining: r.remaining,
+                reset_ms: r.reset,
+                sequence: r.sequence,
+                counted: response.success,
+                denied: !r.success,
+                current: r.current,
+                previous: r.previous,
+                used: r.used,
+                lease: r.lease,
+                lease_id: r.lease_id,
+                lease_ms: r.lease_ms,
+            })
+            .collect())
+    }
+}
+
+/// The states of a request's limits, however a shell holds them (one table, or locked
+/// shards). Limits naming the same key share one state.
+pub trait States {
+    /// The state of limit `i`, rolled or not (the core rolls it).
+    fn state(&mut self, i: usize) -> Option<&mut WindowState>;
+    /// Whether limits `i` and `j` share one state (a key named twice is charged twice).
+    fn same(&self, i: usize, j: usize) -> bool;
+}
+
+/// Starts a request: decides it locally where that is safe (a denial by the local lower
+/// bound, or passes every lease covers), otherwise returns the one origin call that decides
+/// all its limits, all or nothing.
+pub fn begin<S: States>(states: &mut S, limits: &[LimitRequest<'_>], now_ms: u64) -> Begin {
+    let mut plans = Vec::with_capacity(limits.len());
+    let mut denied = false;
+    for (i, l) in limits.iter().enumerate() {
+        let Some(state) = states.state(i) else {
+            continue;
+        };
+        let d = l.key.duration();
+        let now_ms = state.roll(d, now_ms);
+        state.observe_limit(l.limit);
+        match state.classify(d, l.limit, l.cost, now_ms) {
+            Verdict::Local(decision) => {
+                denied |= !decision.success;
+                plans.push(None);
+            }
+            Verdict::Origin(plan) => plans.push(Some(plan)),
+        }
+    }
+    // A key named twice is charged twice, which one lease check per limit does not see.
+    let repeated = (0..limits.len()).any(|i| (0..i).any(|j| states.same(i, j)));
+    if denied || (!repeated && plans.iter().all(Option::is_none)) {
+        return Begin::Decided(decide_locally(states, limits, now_ms));
+    }
+    // All or nothing at the origin: limits the lease covers go too, asking the same lease;
+    // every limit gives back the lease it holds (see `OriginPlan::release`).
+    let limits = limits
+        .iter()
+        .zip(plans)
+        .enumerate()
+        .map(|(i, (l, plan))| {
+            let plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
+            if let Some(s) = states.state(i) {
+                s.begin_origin(&plan);
+            }
+            CallLimit {
+                key: l.key.to_owned_key(),
+                limit: l.limit,
+                cost: l.cost,
+                plan,
+            }
+        })
+        .collect();
+    Begin::Call(OriginCall { limits })
+}
+
+/// The plan of a limit its lease covers, sent along with the others of its request.
+fn covered_plan<S: States>(
+    states: &mut S,
+    i: usize,
+    l: &LimitRequest<'_>,
+    now_ms: u64,
+) -> OriginPlan {
+    let (sequence, used, want, release) = states.state(i).map_or((0, [0, 0], 0, 0), |s| {
+        (
+            s.sequence(),
+            [s.current().own(), s.previous().own()],
+            s.lease().want(Reason::Stale, l.cost, l.limit),
+            s.current().lease_id(),
+        )
+    });
+    OriginPlan {
+        sequence,
+        at_ms: now_ms,
+        reason: Reason::Lease,
+        release,
+        used,
+        want,
+    }
+}
+
+/// Decides every limit from local memory whatever the cells' state, all or nothing, and
+/// applies the result (the fallback, and requests the local view can decide).
+pub fn decide_locally<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    now_ms: u64,
+) -> MultiDecision {
+    let checks: Vec<LimitCheck> = limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match states.state(i) {
+            Some(s) => s.prepare(l.key.duration(), l.limit, l.cost, now_ms),
+            None => LimitCheck {
+                counts: crate::decision::WindowCounts::default(),
+                duration: l.key.duration(),
+                limit: 0,
+                cost: l.cost,
+            },
+        })
+        .collect();
+    let multi = decide_all(&checks, now_ms, |i, j| states.same(i, j));
+    for (i, decision) in multi.to_apply() {
+        if let (Some(l), Some(s)) = (limits.get(i), states.state(i)) {
+            s.settle(decision, l.key.duration(), l.cost, now_ms);
+        }
+    }
+    multi
+}
+
+/// Merges the origin's answers to `call` and returns the decision.
+pub fn finish<S: States>(
+    states: &mut S,
+    call: &OriginCall,
+    answers: &[OriginAnswer],
+    now_ms: u64,
+) -> MultiDecision {
+    let decisions = call
+        .limits
+        .iter()
+        .zip(answers)
+        .enumerate()
+        .map(|(i, (l, a))| match states.state(i) {
+            Some(s) => s.apply_decided(l.key.duration(), &l.plan, a, l.cost, now_ms),
+            None => Decision {
+                success: false,
+                limit: a.limit,
+                remaining: a.remaining,
+                reset_ms: a.reset_ms,
+                retry_after_ms: Some(1),
+            },
+        })
+        .collect();
+    MultiDecision {
+        success: answers.len() == call.limits.len()
+            && answers.iter().all(|a| a.counted && !a.denied),
+        decisions,
+    }
+}
+
+/// The origin could not decide `call`: no call is tried on its cells for the retry delay,
+/// and the request is decided per `mode`.
+pub fn fail<S: States>(
+    states: &mut S,
+    call: &OriginCall,
+    mode: FailureMode,
+    now_ms: u64,
+    policy: &OriginPolicy,
+) -> MultiDecision {
+    for i in 0..call.limits.len() {
+        if let Some(s) = states.state(i) {
+            s.fail_origin(now_ms, policy);
+        }
+    }
+    let limits: Vec<LimitRequest<'_>> = call.limits.iter().map(CallLimit::request).collect();
+    match mode {
+        FailureMode::Local => decide_locally(states, &limits, now_ms),
+        FailureMode::Allow | FailureMode::Deny => {
+            let success = mode == FailureMode::Allow;
+            let decisions: Vec<Decision> = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let d = l.key.duration();
+                    let decision = Decision {
+                        success,
+                        limit: l.limit,
+                        remaining: 0,
+                        reset_ms: d.reset(d.sequence(now_ms)),
+                        retry_after_ms: Some(if success { 0 } else { 1_000 }),
+                    };
+                    if success {
+                        if let Some(s) = states.state(i) {
+                            s.settle(&decision, d, l.cost, now_ms);
+                        }
+                    }
+                    decision
+                })
+                .collect();
+            MultiDecision { success, decisions }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Counts;
+    use crate::identity::WindowKeyRef;
+    use crate::window::WindowDuration;
+
+    fn call() -> OriginCall {
+        let d = WindowDuration::from_ms(60_000).unwrap();
+        let key = WindowKeyRef::new("ws", "api", "u-1", d).unwrap();
+        let plan = OriginPlan {
+            sequence: 7,
+            at_ms: 420_000,
+            reason: Reason::Lease,
+            release: 0,
+            used: [5, 2],
+            want: 8,
+        };
+        OriginCall::single(
+            LimitRequest {
+                key,
+                limit: 50,
+                cost: 2,
+            },
+            plan,
+        )
+    }
+
+    #[test]
+    fn the_wire_body_carries_own_counts_and_the_lease_wanted() {
+        let body = call().to_wire("edge-1");
+        assert_eq!(body.instance, "edge-1");
+        let l = &body.limits[0];
+        assert_eq!(
+            (l.namespace.as_str(), l.identifier.as_str()),
+            ("api", "u-1")
+        );
+        assert_eq!((l.limit, l.duration, l.cost), (50, 60_000, 2));
+        assert_eq!(
+            (l.sequence, l.used, l.used_previous, l.want),
+            (Some(7), 5, 2, 8)
+        );
+    }
+
+    #[test]
+    fn answers_follow_the_response_and_a_short_one_is_refused() {
+        let result = wire::DecideResult {
+            success: true,
+            limit: 50,
+            remaining: 30,
+            reset: 480_000,
+            sequence: 7,
+            current: Counts {
+                regional: 20,
+                global: 1,
+            },
+            previous: Counts::default(),
+            used: 5,
+            lease: 6,
+            lease_id: 9,
+            lease_ms: 5_000,
+        };
+        let response = wire::DecideResponse {
+            success: true,
+            sequence: 7,
+            results: alloc::vec![result],
+        };
+        let answers = call().answers(&response).unwrap();
+        assert!(answers[0].counted && !answers[0].denied);
+        assert_eq!((answers[0].used, answers[0].lease), (5, 6));
+        let empty = wire::DecideResponse {
+            results: alloc::vec![],
+            ..response
+        };
+        let e = call().answers(&empty).unwrap_err();
+        assert_eq!((e.asked, e.answered), (1, 0));
+    }
+}

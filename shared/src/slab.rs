@@ -1,0 +1,277 @@
+//! The storage under a [`crate::CounterTable`]: window key → [`WindowState`] in a bounded slab
+//! with CLOCK (approximate least-recently-used) eviction, and the list of entries holding own
+//! cost the origin has not acknowledged (the replay buffer's index).
+//!
+//! One hash probe per window key reaches both cells, which live in one slab slot; a warm
+//! lookup allocates nothing. The slab never grows past the capacity and recycles slots in
+//! place, so memory stays flat under churn (a hash table holding the entries themselves was
+//! measured to double its buckets under eviction churn: tombstones force a resize). Like
+//! Fastly's ratecounter (200,000 entries per site), the bound keeps memory flat under key
+//! floods; an evicted key simply starts cold again and is decided at the origin.
+//!
+//! Eviction is CLOCK (second chance): a hit sets a one-byte mark in a dense side array, and a
+//! full table sweeps a hand over the slots, clearing marks, until it finds one not used since
+//! the last sweep. An exact LRU list would write to two random neighbours' links on every
+//! hit, two more cache misses on a path whose cost at 100,000 keys is nearly all misses. New
+//! entries start unmarked, so a flood of one-off keys evicts itself before keys in use; an
+//! entry whose own cost is not yet acknowledged is passed over while any other can go.
+
+use alloc::vec::Vec;
+
+use foldhash::quality::FixedState;
+use hashbrown::HashTable;
+
+use crate::cell::WindowState;
+use crate::identity::{WindowKey, WindowKeyRef};
+
+/// Where a slot stands with the eviction hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Clock {
+    /// Free (purged); on the free list.
+    Vacant,
+    /// Not used since the hand last passed: evictable.
+    Idle,
+    /// Used since the hand last passed: gets a second chance.
+    Used,
+}
+
+/// Key and state, 24 + 192 bytes. Eviction and replay bookkeeping live apart.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) key: WindowKey,
+    pub(crate) state: WindowState,
+}
+
+/// What the slab did, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Entries created by requests or origin answers.
+    pub created: u64,
+    /// Entries created by a global sync for a key this process had not seen.
+    pub created_by_sync: u64,
+    /// Entries dropped to make room.
+    pub evicted: u64,
+    /// Entries dropped because both cells aged out.
+    pub expired: u64,
+    /// Own cost dropped before the origin acknowledged it (an entry evicted from a table full
+    /// of unreplayed entries, or a cell that aged out while the origin was unreachable).
+    pub replay_lost: u64,
+}
+
+/// The bounded map. Not thread-safe by design: a Wasm isolate owns one; a native process
+/// shards several behind locks.
+pub(crate) struct Slab {
+    /// Key hash → slot index. Small (4 bytes a bucket), so its own growth under churn is cheap.
+    index: HashTable<u32>,
+    pub(crate) slots: Vec<Slot>,
+    /// One byte per slot: a dense array the hot path writes and the hand sweeps.
+    clock: Vec<Clock>,
+    free: Vec<u32>,
+    /// Slots of the multi-limit operation in progress: not evictable during it.
+    pub(crate) pinned: Vec<usize>,
+    /// Slots touched since the last replay pass (each once): where unacknowledged own cost
+    /// can be. Its capacity follows the slab's, so marking a slot never allocates.
+    pub(crate) touched: Vec<u32>,
+    marked: Vec<bool>,
+    hand: usize,
+    purge_at: usize,
+    hasher: FixedState,
+    capacity: usize,
+    pub(crate) stats: TableStats,
+}
+
+impl Slab {
+    pub(crate) fn new(capacity: usize, seed: u64) -> Self {
+        Self {
+            index: HashTable::new(),
+            slots: Vec::new(),
+            clock: Vec::new(),
+            free: Vec::new(),
+            pinned: Vec::new(),
+            touched: Vec::new(),
+            marked: Vec::new(),
+            hand: 0,
+            purge_at: 0,
+            hasher: FixedState::with_seed(seed),
+            capacity,
+            stats: TableStats::default(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let keys: usize = self.slots.iter().map(|s| s.key.heap_bytes()).sum();
+        self.slots.capacity() * core::mem::size_of::<Slot>()
+            + self.clock.capacity()
+            + self.marked.capacity()
+            + self.index.allocation_size()
+            + (self.free.capacity() + self.touched.capacity()) * core::mem::size_of::<u32>()
+            + keys
+    }
+
+    pub(crate) fn find(&self, key: WindowKeyRef<'_>) -> Option<usize> {
+        let hash = key.hash_with(&self.hasher);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&i| slots[i as usize].key.matches(key))
+            .map(|&i| i as usize)
+    }
+
+    /// Live slots with their keys and states.
+    pub(crate) fn live(&self) -> impl Iterator<Item = &Slot> + '_ {
+        self.slots
+            .iter()
+            .zip(&self.clock)
+            .filter(|(_, c)| **c != Clock::Vacant)
+            .map(|(s, _)| s)
+    }
+
+    /// Whether slot `i` holds a live entry.
+    pub(crate) fn is_live(&self, i: usize) -> bool {
+        self.clock.get(i).is_some_and(|c| *c != Clock::Vacant)
+    }
+
+    /// Marks slot `i` as touched (a replay pass will look at it). Never allocates.
+    fn touch(&mut self, i: usize) {
+        if let Some(m) = self.marked.get_mut(i) {
+            if !*m {
+                *m = true;
+                self.touched.push(slot_id(i));
+            }
+        }
+    }
+
+    /// Forgets that slot `i` was touched (its own cost is acknowledged, or it is gone).
+    pub(crate) fn untouch(&mut self, i: usize) {
+        if let Some(m) = self.marked.get_mut(i) {
+            *m = false;
+        }
+    }
+
+    /// The slot of `key`'s entry, created if absent (recycling a free or evicted slot when the
+    /// table is full), marked as used and as touched.
+    pub(crate) fn slot(&mut self, key: WindowKeyRef<'_>, now_ms: u64, by_sync: bool) -> usize {
+        if let Some(i) = self.find(key) {
+            self.clock[i] = Clock::Used;
+            self.touch(i);
+            return i;
+        }
+        let fresh = Slot {
+            key: key.to_owned_key(),
+            state: WindowState::new(key.duration(), now_ms),
+        };
+        let i = if let Some(i) = self.free.pop() {
+            self.slots[i as usize] = fresh;
+            i as usize
+        } else if self.slots.len() < self.capacity {
+            self.slots.push(fresh);
+            self.clock.push(Clock::Vacant);
+            self.marked.push(false);
+            // Room for every slot in the touched list, grown in step with the slab.
+            let room = self.slots.capacity();
+            if self.touched.capacity() < room {
+                self.touched.reserve(room - self.touched.len());
+            }
+            self.slots.len() - 1
+        } else {
+            let i = self.victim();
+            self.release(i);
+            self.stats.evicted += 1;
+            self.slots[i] = fresh;
+            i
+        };
+        // New entries start idle: a flood of one-off keys evicts itself first.
+        self.clock[i] = Clock::Idle;
+        let hasher = &self.hasher;
+        let slots = &self.slots;
+        self.index
+            .insert_unique(key.hash_with(hasher), slot_id(i), |&j| {
+                slots[j as usize].key.as_ref().hash_with(hasher)
+            });
+        if by_sync {
+            self.stats.created_by_sync += 1;
+        } else {
+            self.stats.created += 1;
+        }
+        self.touch(i);
+        i
+    }
+
+    /// The next slot not used since the hand last passed it, not pinned by the operation in
+    /// progress, and holding no unacknowledged own cost. Two sweeps find one unless every
+    /// slot holds such cost (then the hand's slot goes, and its cost is counted as lost).
+    fn victim(&mut self) -> usize {
+        let n = self.slots.len();
+        for _ in 0..2 * n {
+            self.hand = (self.hand + 1) % n;
+            if self.pinned.contains(&self.hand) || unacked(&self.slots[self.hand].state) > 0 {
+                continue;
+            }
+            match self.clock[self.hand] {
+                Clock::Used => self.clock[self.hand] = Clock::Idle,
+                Clock::Idle | Clock::Vacant => return self.hand,
+            }
+        }
+        while self.pinned.contains(&self.hand) {
+            self.hand = (self.hand + 1) % n;
+        }
+        self.hand
+    }
+
+    /// Takes slot `i` out of the index and marks it vacant (its key stays until reuse); own
+    /// cost it still held unacknowledged is counted as lost.
+    fn release(&mut self, i: usize) {
+        self.stats.replay_lost += unacked(&self.slots[i].state);
+        let hash = self.slots[i].key.as_ref().hash_with(&self.hasher);
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j as usize == i) {
+            entry.remove();
+        }
+        self.clock[i] = Clock::Vacant;
+    }
+
+    /// Drops entries whose cells can no longer affect a decision, looking at up to `max_scan`
+    /// slots from where the last call stopped. Returns how many were dropped.
+    pub(crate) fn purge_expired(&mut self, now_ms: u64, max_scan: usize) -> usize {
+        let mut dropped = 0;
+        for _ in 0..max_scan.min(self.slots.len()) {
+            self.purge_at = (self.purge_at + 1) % self.slots.len();
+            let slot = &self.slots[self.purge_at];
+            let live = self.clock[self.purge_at] != Clock::Vacant;
+            if live && slot.state.is_expired(slot.key.duration(), now_ms) {
+                self.release(self.purge_at);
+                self.free.push(slot_id(self.purge_at));
+                dropped += 1;
+            }
+        }
+        self.stats.expired += dropped as u64;
+        dropped
+    }
+}
+
+/// Own cost of both cells the origin has not acknowledged.
+pub(crate) fn unacked(state: &WindowState) -> u64 {
+    state
+        .current()
+        .unacked()
+        .saturating_add(state.previous().unacked())
+}
+
+/// A slot index as the index stores it. The capacity is clamped to `u32::MAX`, so every slot
+/// index fits.
+pub(crate) fn slot_id(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_216_bytes() {
+        assert_eq!(core::mem::size_of::<Slot>(), 216);
+        assert_eq!(core::mem::size_of::<WindowKey>(), 24);
+    }
+}

@@ -1,0 +1,39 @@
+//! Shared by tests, benches and examples: a key made warm through the real request path, with
+//! a lease from a scripted origin, so the next requests are decided locally.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)] // test support: a panic is the report
+
+use strata_core::table::{LimitRequest, Step};
+use strata_core::{CounterTable, Counts, OriginAnswer, OriginCall, WindowKeyRef};
+
+/// Sends `key`'s first request to a scripted origin that counts it (the region's count is
+/// then 1) and lends `lease` for 5 s; panics if the table did not ask the origin.
+pub fn warm(table: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: u64, now_ms: u64) {
+    let Step::Origin(plan) = table.check(key, limit, 1, now_ms) else {
+        panic!("a new key is decided at the origin");
+    };
+    let request = LimitRequest {
+        key,
+        limit,
+        cost: 1,
+    };
+    let call = OriginCall::single(request, plan);
+    let answer = OriginAnswer {
+        limit,
+        remaining: limit - 1,
+        reset_ms: key.duration().reset(plan.sequence),
+        sequence: plan.sequence,
+        counted: true,
+        denied: false,
+        current: Counts {
+            regional: 1,
+            global: 0,
+        },
+        previous: Counts::default(),
+        used: plan.used[0],
+        lease,
+        lease_id: u64::from(lease > 0),
+        lease_ms: 5_000,
+    };
+    assert!(table.finish(&call, &[answer], now_ms).unwrap().success);
+}

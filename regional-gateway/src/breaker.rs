@@ -41,8 +41,12 @@ enum State {
     Open {
         until: Instant,
     },
-    /// One probe is out; everything else fails fast until it reports.
-    Probing,
+    /// One probe is out since `since`; everything else fails fast until it reports, or until
+    /// a cooldown passed without a report (the call carrying it was dropped, e.g. its client
+    /// hung up): then the next call probes, so the breaker can never stay open for good.
+    Probing {
+        since: Instant,
+    },
 }
 
 /// The breaker.
@@ -81,10 +85,14 @@ impl Breaker {
         match *state {
             State::Closed { .. } => true,
             State::Open { until } if now >= until => {
-                *state = State::Probing;
+                *state = State::Probing { since: now };
                 true
             }
-            State::Open { .. } | State::Probing => false,
+            State::Probing { since } if now >= since + self.config.cooldown => {
+                *state = State::Probing { since: now };
+                true
+            }
+            State::Open { .. } | State::Probing { .. } => false,
         }
     }
 
@@ -93,12 +101,12 @@ impl Breaker {
         let c = self.config;
         let mut state = self.lock();
         *state = match *state {
-            State::Probing if ok => State::Closed {
+            State::Probing { .. } if ok => State::Closed {
                 since: now,
                 calls: 0,
                 failures: 0,
             },
-            State::Probing => State::Open {
+            State::Probing { .. } => State::Open {
                 until: now + c.cooldown,
             },
             State::Open { until } => State::Open { until },
@@ -133,7 +141,7 @@ impl Breaker {
         match *self.lock() {
             State::Closed { .. } => false,
             State::Open { until } => now < until,
-            State::Probing => true,
+            State::Probing { .. } => true,
         }
     }
 }
@@ -182,6 +190,26 @@ mod tests {
         assert!(!b.allow(t + Duration::from_secs(1)), "only one");
         b.record(true, t + Duration::from_secs(1));
         assert!(b.allow(t + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_is_replaced_after_a_cooldown() {
+        let (b, t) = (breaker(), Instant::now());
+        for _ in 0..10 {
+            b.record(false, t);
+        }
+        let probe = t + Duration::from_secs(1);
+        assert!(
+            b.allow(probe),
+            "a probe goes out, and its caller hangs up: no report"
+        );
+        assert!(!b.allow(probe + Duration::from_millis(999)));
+        assert!(
+            b.allow(probe + Duration::from_secs(1)),
+            "a new probe after a cooldown"
+        );
+        b.record(true, probe + Duration::from_secs(1));
+        assert!(!b.is_open(probe + Duration::from_secs(1)), "and it closes");
     }
 
     #[test]

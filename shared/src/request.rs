@@ -193,6 +193,7 @@ pub fn begin<S: States>(states: &mut S, limits: &[LimitRequest<'_>], now_ms: u64
     let mut denied = false;
     for (i, l) in limits.iter().enumerate() {
         let Some(state) = states.state(i) else {
+            plans.push(None); // a shell without the state: decided with the others
             continue;
         };
         let d = l.key.duration();

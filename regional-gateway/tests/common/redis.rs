@@ -58,6 +58,9 @@ fn spawn(port: u16, dir: &std::path::Path) -> Option<Child> {
             "",
             "--appendonly",
             "no",
+            // Fault injection (`DEBUG SLEEP`) from loopback only.
+            "--enable-debug-command",
+            "local",
         ])
         .arg("--dir")
         .arg(dir)

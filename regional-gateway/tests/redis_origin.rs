@@ -298,3 +298,45 @@ async fn a_cell_holding_a_foreign_value_fails_alone() {
     let read = limiter.origin.read(&[(key("bad"), seq)], T0).await.unwrap();
     assert_eq!(read, vec![1]);
 }
+
+/// A multi-limit decision that fails at Redis after its first limit counted takes that count
+/// back: the local fallback counts the request, and its replay is the only count of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_limit_error_midway_is_taken_back_before_the_fallback_counts() {
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let seq = T0 / 60_000;
+    // The second limit's cell holds a foreign value: its script fails (WRONGTYPE).
+    redis.cli(&["SET", &cell_key(key("b"), seq), "poison"]);
+    let limits = [
+        LimitRequest {
+            key: key("a"),
+            limit: 10,
+            cost: 1,
+        },
+        LimitRequest {
+            key: key("b"),
+            limit: 10,
+            cost: 1,
+        },
+    ];
+    let multi = g.gateway.limiter.decide_all(&limits).await;
+    assert!(multi.success, "decided from local memory");
+    assert_eq!(g.gateway.limiter.metrics.decisions(Source::Fallback), 2);
+    let origin = &g.gateway.limiter.origin;
+    let read = |id| [(key(id), seq)];
+    assert_eq!(
+        origin.read(&read("a"), T0).await.unwrap(),
+        vec![0],
+        "the first limit's count was taken back"
+    );
+    redis.cli(&["DEL", &cell_key(key("b"), seq)]);
+    assert!(g.gateway.limiter.replay_once().await);
+    for id in ["a", "b"] {
+        assert_eq!(
+            origin.read(&read(id), T0).await.unwrap(),
+            vec![1],
+            "{id}: counted once, by its replay"
+        );
+    }
+}

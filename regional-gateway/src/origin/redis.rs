@@ -272,7 +272,7 @@ impl RedisOrigin {
             let d = l.key.duration();
             let sequence = d.sequence(now_ms);
             let previous = sequence.saturating_sub(1);
-            let (ok, cur, prev, used, lease, rc, rp, lease_id, held): ScriptReply = self
+            let reply: redis::RedisResult<ScriptReply> = self
                 .decide
                 .key(cell_key(l.key, sequence))
                 .key(cell_key(l.key, previous))
@@ -294,8 +294,17 @@ impl RedisOrigin {
                 .arg(l.floor[0])
                 .arg(l.floor[1])
                 .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
+                .await;
+            let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // What the earlier limits counted is taken back before the caller falls
+                    // back to local memory, which counts the request itself.
+                    self.roll_back(instance, limits, &replaced, &mut outcomes, now_ms)
+                        .await;
+                    return Err(backend(e));
+                }
+            };
             let counted_here = ok == 1 && !failed;
             let before = if counted_here {
                 cur.saturating_sub(l.cost)

@@ -154,8 +154,9 @@ pub fn app(gateway: Arc<Gateway>) -> axum::Router {
 }
 
 /// Serves `gateway` on `listener` until `shutdown` completes, with the replay and janitor
-/// loops alongside; on shutdown, stops accepting, finishes in-flight requests, then drains the
-/// replay buffer to the origin.
+/// loops alongside; on shutdown, stops accepting, finishes in-flight requests, drains the
+/// replay buffer to the origin, then flushes to the global table a last time (after the drain,
+/// so what it delivered is published too).
 pub async fn run(
     gateway: Arc<Gateway>,
     listener: TcpListener,
@@ -170,9 +171,17 @@ pub async fn run(
         .await;
     let _ = stop.send(true);
     let _ = janitor.await;
-    let _ = global.await;
     if replay.await.is_err() {
         tracing::error!("replay loop ended abnormally");
+    }
+    let _ = global.await;
+    if let Err(e) = gateway
+        .limiter
+        .global
+        .flush_once(gateway.limiter.clock.now_ms())
+        .await
+    {
+        tracing::warn!(error = %e, "shutdown: last global flush failed");
     }
     served
 }
@@ -241,7 +250,7 @@ impl Cadence {
 }
 
 /// Flush, sync and cleanup of the global table, each on its own cadence; errors are logged,
-/// counted and retried on the next tick. A last flush runs on shutdown.
+/// counted and retried on the next tick. (`run` flushes a last time after the replay drain.)
 async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
     let s = &gateway.settings;
     let start = tokio::time::Instant::now();
@@ -278,14 +287,6 @@ async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
             }
             _ = stopped.changed() => break,
         }
-    }
-    if let Err(e) = gateway
-        .limiter
-        .global
-        .flush_once(gateway.limiter.clock.now_ms())
-        .await
-    {
-        tracing::warn!(error = %e, "shutdown: last global flush failed");
     }
 }
 

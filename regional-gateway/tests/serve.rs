@@ -172,3 +172,45 @@ async fn shutdown_drains_what_the_replay_loop_has_not_delivered() {
         "the origin counts every accepted request"
     );
 }
+
+/// The last global flush runs after the replay drain, so what the drain delivered is published
+/// too (it raced the drain and could publish an older count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_global_flush_follows_the_replay_drain() {
+    let s = serve(Duration::from_secs(3_600)).await;
+    let http = reqwest::Client::new();
+    for _ in 0..6 {
+        let r: Value = http
+            .post(format!("{}/v1/ratelimit", s.base))
+            .json(&json!({"namespace":"api","identifier":"pub","limit":10,"duration":60_000}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["success"], true);
+    }
+    assert!(
+        s.gateway.limiter.unreplayed() > 0,
+        "local passes wait for the drain"
+    );
+    s.stop.send(()).unwrap();
+    s.server.await.unwrap().unwrap();
+    let global = &s.gateway.limiter.global;
+    let now = Clock::system().now_ms();
+    let rows = global
+        .store
+        .sync(&s.gateway.settings.region, now)
+        .await
+        .unwrap();
+    let published: u64 = rows
+        .iter()
+        .filter(|r| r.key.as_ref().identifier() == "pub")
+        .map(|r| r.own)
+        .sum();
+    assert_eq!(
+        published, 6,
+        "every accepted request reached the global table"
+    );
+}

@@ -115,11 +115,15 @@ on_both_dialects!(
     concurrent_flushers_of_one_region_converge_without_deadlock,
     cleanup_removes_only_expired_rows,
     keys_differing_in_case_are_distinct_rows,
+    keys_are_compared_byte_for_byte,
     large_flushes_go_in_chunks,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_refuses(store: &Store) {
-    assert_eq!(store.migrate().await.unwrap(), 1);
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        usize::try_from(strata_gateway::global::SCHEMA_VERSION).unwrap()
+    );
     assert_eq!(store.migrate().await.unwrap(), 0, "idempotent");
     let bump = "INSERT INTO strata_schema_version (version) VALUES (99)";
     match store {
@@ -132,7 +136,7 @@ async fn migrations_apply_once_and_a_newer_schema_refuses(store: &Store) {
             err,
             StoreError::Newer {
                 found: 99,
-                supported: 1
+                supported: strata_gateway::global::SCHEMA_VERSION
             }
         ),
         "{err}"
@@ -235,6 +239,34 @@ async fn keys_differing_in_case_are_distinct_rows(store: &Store) {
         .await
         .unwrap();
     assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 3);
+}
+
+/// Identifiers are bytes: a trailing space, case, or another Unicode normalisation of the
+/// same text is another key (a PAD SPACE collation merged "victim" and "victim ", so one
+/// client's use hid behind another's row).
+async fn keys_are_compared_byte_for_byte(store: &Store) {
+    store.migrate().await.unwrap();
+    let eu = Region::new("eu").unwrap();
+    let ids = [
+        ("victim", 3),
+        ("victim ", 10),
+        ("victim  ", 2),
+        ("Victim", 4),
+        ("caf\u{e9}", 5),   // é, composed (NFC)
+        ("cafe\u{301}", 6), // e + combining acute (NFD)
+    ];
+    let mut rows: Vec<FlushRow> = ids.iter().map(|(id, n)| row(id, *n)).collect();
+    rows.sort();
+    store.flush(&eu, &rows, NOW).await.unwrap();
+    let synced = store.sync(&eu, NOW).await.unwrap();
+    assert_eq!(synced.len(), ids.len(), "{synced:?}");
+    for (id, n) in ids {
+        let found = synced
+            .iter()
+            .find(|r| r.key.as_ref().identifier() == id)
+            .unwrap_or_else(|| panic!("{id:?} has no row of its own"));
+        assert_eq!(found.own, n, "{id:?}");
+    }
 }
 
 async fn large_flushes_go_in_chunks(store: &Store) {

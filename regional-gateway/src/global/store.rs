@@ -11,13 +11,15 @@ use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 
 /// The newest schema this binary knows.
-pub const SCHEMA_VERSION: i64 = 1;
-const MYSQL: [&str; 1] = [include_str!(
-    "../../../migrations/mysql/0001_window_counts.sql"
-)];
-const SQLITE: [&str; 1] = [include_str!(
-    "../../../migrations/sqlite/0001_window_counts.sql"
-)];
+pub const SCHEMA_VERSION: i64 = 2;
+const MYSQL: [&str; 2] = [
+    include_str!("../../../migrations/mysql/0001_window_counts.sql"),
+    include_str!("../../../migrations/mysql/0002_no_pad_keys.sql"),
+];
+const SQLITE: [&str; 2] = [
+    include_str!("../../../migrations/sqlite/0001_window_counts.sql"),
+    include_str!("../../../migrations/sqlite/0002_no_pad_keys.sql"),
+];
 /// Rows per upsert statement: 9 placeholders each, far under MySQL's 65,535 and SQLite's
 /// 32,766 placeholders per statement.
 pub const FLUSH_CHUNK_ROWS: usize = 1_000;
@@ -253,7 +255,7 @@ impl Store {
                 .map_err(query)?
                 .iter()
                 .map(|r| {
-                    // utf8mb4_bin columns arrive as binary strings.
+                    // VARBINARY (and the first schema's utf8mb4_bin) columns arrive as bytes.
                     let text = |i: usize| -> Result<String, sqlx::Error> {
                         let bytes: Vec<u8> = r.try_get(i)?;
                         String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))

@@ -109,5 +109,5 @@ async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
         .post("/v1/ratelimit", None, request("closed".into()))
         .await;
     assert_eq!(r.body["success"], true);
-    assert_eq!(origin.breaker_open(), false);
+    assert!(!origin.breaker_open());
 }

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -75,6 +76,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// The workspace the request's bearer token binds, checked before the body is read (an
+/// unauthenticated caller gets a 401 without making the gateway read up to 1 MiB).
+#[derive(Debug)]
+pub struct Workspace(pub String);
+
+impl FromRequestParts<Arc<Gateway>> for Workspace {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        gw.auth
+            .workspace(&parts.headers)
+            .map(|w| Self(w.to_string()))
+    }
+}
+
 /// The rate-limit response headers for a decision (the policy is named by its namespace).
 fn limit_headers(
     limits: &[(&str, strata_core::WindowDuration, &Decision)],
@@ -112,11 +131,10 @@ fn limit_headers(
 
 async fn ratelimit(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Workspace(workspace): Workspace,
     JsonBody(req): JsonBody<RatelimitRequest>,
 ) -> Result<Response, ApiError> {
-    let workspace = gw.auth.workspace(&headers)?;
-    let limit = req.validate(workspace)?;
+    let limit = req.validate(&workspace)?;
     let decision = gw.limiter.decide(limit).await;
     let now = gw.limiter.clock.now_ms();
     let headers = limit_headers(
@@ -128,11 +146,10 @@ async fn ratelimit(
 
 async fn ratelimit_multi(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Workspace(workspace): Workspace,
     JsonBody(req): JsonBody<MultiRequest>,
 ) -> Result<Response, ApiError> {
-    let workspace = gw.auth.workspace(&headers)?;
-    let limits = req.validate(workspace)?;
+    let limits = req.validate(&workspace)?;
     let multi = gw.limiter.decide_all(&limits).await;
     let now = gw.limiter.clock.now_ms();
     let described: Vec<_> = limits
@@ -154,11 +171,10 @@ async fn ratelimit_multi(
 
 async fn origin_read(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Workspace(workspace): Workspace,
     JsonBody(req): JsonBody<ReadRequest>,
 ) -> Result<Json<CellsResponse>, ApiError> {
-    let workspace = gw.auth.workspace(&headers)?;
-    let cells = req.validate(workspace)?;
+    let cells = req.validate(&workspace)?;
     let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
     let now = gw.limiter.clock.now_ms();
     let answers = gw.limiter.origin.read(&reads, now).await?;
@@ -173,11 +189,24 @@ async fn origin_read(
 
 async fn origin_replay(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Workspace(workspace): Workspace,
     JsonBody(req): JsonBody<ReplayRequest>,
 ) -> Result<Json<CellsResponse>, ApiError> {
-    let workspace = gw.auth.workspace(&headers)?;
-    let events = req.validate(workspace)?;
+    let events = req.validate(&workspace)?;
+    let now = gw.limiter.clock.now_ms();
+    // A clock may be a window ahead of this one, not more: a cell further on is no real clock's.
+    for (i, e) in events.iter().enumerate() {
+        let current = e.cell.key.duration().sequence(now);
+        if e.cell.sequence > current.saturating_add(1) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "events[{i}].sequence: {} is more than one window ahead of this gateway's {current}",
+                    e.cell.sequence
+                ),
+            ));
+        }
+    }
     let cells: Vec<CellUsed<'_>> = events
         .iter()
         .map(|e| CellUsed {
@@ -187,7 +216,6 @@ async fn origin_replay(
             release: e.release,
         })
         .collect();
-    let now = gw.limiter.clock.now_ms();
     let after = gw.limiter.origin.replay(&req.instance, &cells, now).await?;
     // A cell that failed alone fails the call: the others were merged, and merging them
     // again when the caller retries counts nothing twice.
@@ -209,11 +237,10 @@ async fn origin_replay(
 
 async fn origin_decide(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Workspace(workspace): Workspace,
     JsonBody(req): JsonBody<DecideRequest>,
 ) -> Result<Json<DecideResponse>, ApiError> {
-    let workspace = gw.auth.workspace(&headers)?;
-    let limits = req.validate(workspace)?;
+    let limits = req.validate(&workspace)?;
     let now = gw.limiter.clock.now_ms();
     let request: Vec<DecideLimit<'_>> = limits
         .iter()

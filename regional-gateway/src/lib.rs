@@ -300,8 +300,9 @@ async fn janitor_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
         let now = gateway.limiter.clock.now_ms();
         let local = gateway.limiter.local.purge_expired(now, JANITOR_SCAN);
         let origin = gateway.limiter.origin.purge_expired(now);
-        if local + origin > 0 {
-            tracing::debug!(local, origin, "janitor dropped expired cells");
+        let view = gateway.limiter.global.purge_expired(now, JANITOR_SCAN);
+        if local + origin + view > 0 {
+            tracing::debug!(local, origin, view, "janitor dropped expired cells");
         }
     }
 }

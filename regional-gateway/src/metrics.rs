@@ -18,7 +18,7 @@ pub enum Source {
 
 const SOURCES: [&str; 3] = ["local", "origin", "fallback"];
 const OPS: [&str; 4] = ["read", "replay", "decide", "ping"];
-const RESULTS: [&str; 4] = ["ok", "timeout", "circuit_open", "backend"];
+const RESULTS: [&str; 5] = ["ok", "timeout", "circuit_open", "backend", "rejected"];
 /// Upper bounds of the origin latency histogram, in seconds.
 const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

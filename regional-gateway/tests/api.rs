@@ -144,6 +144,7 @@ async fn every_bad_input_gets_its_status_and_the_error_shape(g: TestGateway) {
         ("/v1/origin/replay", Body::from(r#"{"events":[]}"#), StatusCode::BAD_REQUEST, "missing field `instance`"),
         ("/v1/origin/replay", Body::from(r#"{"instance":"not ok","events":[]}"#), StatusCode::BAD_REQUEST, "instance: must be"),
         ("/v1/origin/replay", Body::from(r#"{"instance":"e","events":[{"namespace":"n","identifier":"i","duration":1000,"sequence":1,"cost":5,"limit":1}]}"#), StatusCode::BAD_REQUEST, "missing field `used`"),
+        ("/v1/origin/replay", Body::from(json!({"instance":"e","events":[{"namespace":"n","identifier":"i","duration":1000,"sequence":T0 / 1_000 + 2,"used":1,"limit":1}]}).to_string()), StatusCode::BAD_REQUEST, "events[0].sequence: 1700000002 is more than one window ahead"),
         ("/v1/nope", Body::from("{}"), StatusCode::NOT_FOUND, "no such endpoint"),
     ];
     for (path, body, status, message) in cases {
@@ -165,6 +166,17 @@ async fn tokens_are_required_and_bind_one_workspace(g: TestGateway) {
     let r = g.post("/v1/ratelimit", None, body.clone()).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     assert_eq!(r.body["error"]["code"], "unauthorized");
+    // The token is checked before the body is read: garbage or an oversized body from a
+    // caller without one is a 401, not a 400 or 413.
+    for path in ["/v1/ratelimit", "/v1/origin/replay", "/v1/origin/decide"] {
+        for garbage in [
+            Body::from("{not json"),
+            Body::from(vec![b' '; MAX_BODY_BYTES + 1]),
+        ] {
+            let r = g.send("POST", path, None, garbage).await;
+            assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}: {}", r.text);
+        }
+    }
     assert_eq!(
         g.post("/v1/ratelimit", Some("token-zzzzzzzz"), body.clone())
             .await

@@ -340,3 +340,34 @@ async fn a_multi_limit_error_midway_is_taken_back_before_the_fallback_counts() {
         );
     }
 }
+
+/// Cells answered with an error about their data (here a value of another type at their key)
+/// fail alone: the origin is up, so the breaker stays closed and other keys are decided there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poisoned_cells_do_not_open_the_breaker_for_everyone() {
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let seq = T0 / 60_000;
+    let ids: Vec<String> = (0..30).map(|i| format!("poisoned-{i}")).collect();
+    for id in &ids {
+        redis.cli(&["SET", &cell_key(key(id), seq), "not a hash"]);
+    }
+    for id in &ids {
+        assert!(
+            decide(&g.gateway, id, 10).await,
+            "decided from local memory"
+        );
+    }
+    let limiter = &g.gateway.limiter;
+    assert_eq!(limiter.metrics.decisions(Source::Fallback), 30);
+    assert!(
+        !limiter.origin.breaker_open(),
+        "30 rejected calls say nothing of Redis's health"
+    );
+    assert!(decide(&g.gateway, "healthy", 10).await);
+    assert_eq!(
+        limiter.metrics.decisions(Source::Origin),
+        1,
+        "decided at Redis"
+    );
+}

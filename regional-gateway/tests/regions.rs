@@ -241,3 +241,18 @@ async fn own_published_count_survives_a_flushed_redis() {
         "own rows never land in global"
     );
 }
+
+/// The region view forgets cells once they expired (as the global table does), so it does not
+/// grow for good with every key ever seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_region_view_drops_expired_cells() {
+    let eu = region("eu", &common::temp_database()).await;
+    assert_eq!(admit(&eu, "short-lived", 10, 3).await, 3);
+    let global = &eu.gateway.limiter.global;
+    assert_eq!(global.view_len(), 1, "the origin's answers are recorded");
+    const HOUR: u64 = 3_600_000;
+    assert_eq!(global.purge_expired(T0 + HOUR, 1_000), 0, "still live");
+    // Three hours on, both cells of the one-hour window expired.
+    assert_eq!(global.purge_expired(T0 + 3 * HOUR, 1_000), 1);
+    assert_eq!(global.view_len(), 0);
+}

@@ -146,6 +146,17 @@ impl Global {
         ([cur.global, prev.global], [cur.regional, prev.regional])
     }
 
+    /// Drops the view's entries whose cells expired (the global table expires their rows at
+    /// the same time), a bounded scan; returns how many.
+    pub fn purge_expired(&self, now_ms: u64, max_scan: usize) -> usize {
+        self.view().purge_expired(now_ms, max_scan)
+    }
+
+    /// Window keys the view holds.
+    pub fn view_len(&self) -> usize {
+        self.view().len()
+    }
+
     /// Writes the cells worth publishing; commits them as flushed only once written.
     pub async fn flush_once(&self, now_ms: u64) -> Result<u64, StoreError> {
         let rows = self.view().flush_candidates(&self.policy, now_ms);

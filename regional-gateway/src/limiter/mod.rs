@@ -131,7 +131,7 @@ impl Limiter {
         let answer = self.origin.decide(&self.instance, &limits, now).await?;
         let response = self.respond(&limits, &answer);
         call.answers(&response)
-            .map_err(|e| OriginError::Backend(e.to_string()))
+            .map_err(|e| OriginError::Rejected(e.to_string()))
     }
 
     /// An origin decision as `/v1/origin/decide` answers it: recorded in the region's view

@@ -24,9 +24,13 @@ pub enum OriginError {
     /// The breaker is open after too many failures; calls fail fast until it probes again.
     #[error("circuit breaker open")]
     CircuitOpen,
-    /// The backend answered with an error or the connection failed.
+    /// The connection failed, or the backend could not be reached: transient.
     #[error("{0}")]
     Backend(String),
+    /// The backend answered, with an error about this request's data (a cell holding a value
+    /// of another type, say): the origin is up, so the breaker does not count it.
+    #[error("{0}")]
+    Rejected(String),
 }
 
 impl OriginError {
@@ -36,7 +40,13 @@ impl OriginError {
             OriginError::Timeout(_) => "timeout",
             OriginError::CircuitOpen => "circuit_open",
             OriginError::Backend(_) => "backend",
+            OriginError::Rejected(_) => "rejected",
         }
+    }
+
+    /// Whether it says the origin may be unavailable (the breaker counts these).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, OriginError::Rejected(_))
     }
 }
 
@@ -308,7 +318,10 @@ impl OriginClient {
             Ok(result) => result,
             Err(_) => Err(OriginError::Timeout(timeout)),
         };
-        self.breaker.record(result.is_ok(), Instant::now());
+        // Only failures that say the origin may be down move the breaker: one poisoned cell
+        // answered with an error must not send every other key to local fallback.
+        let up = result.as_ref().map_or_else(|e| !e.is_transient(), |_| true);
+        self.breaker.record(up, Instant::now());
         self.metrics.origin_call(
             op,
             result.as_ref().map(|_| ()).map_err(OriginError::kind),

@@ -195,8 +195,11 @@ pub fn lease_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
 fn backend(e: redis::RedisError) -> OriginError {
     if e.is_timeout() {
         OriginError::Timeout(Duration::ZERO)
-    } else {
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         OriginError::Backend(format!("redis: {e}"))
+    } else {
+        // Redis answered: an error about the data (WRONGTYPE, a script error), not its health.
+        OriginError::Rejected(format!("redis: {e}"))
     }
 }
 

@@ -17,31 +17,15 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::process::GatewayProcess as Gateway;
 use common::redis::RedisServer;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 const HOUR_MS: u64 = 3_600_000;
-
-/// One gateway process: killed, and its data dir removed, on drop.
-struct Gateway {
-    child: Child,
-    dir: PathBuf,
-    base: String,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -59,70 +43,17 @@ fn fresh(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
-/// Spawns a gateway on a free port over `redis`, with its own data dir and `extra` arguments.
-fn start_gateway(redis: &RedisServer, extra: &[&str]) -> Gateway {
-    let port = common::free_port();
-    let dir = std::env::temp_dir().join(format!(
-        "strata-exact-processes-{}-{port}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
-    // The defaults a user would run: no setting leaks in from this environment.
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("STRATA_") {
-            command.env_remove(key);
-        }
-    }
-    let child = command
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--redis-url",
-            &redis.url(),
-        ])
-        .arg("--data-dir")
-        .arg(&dir)
-        .args(extra)
-        .env("STRATA_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    Gateway {
-        child,
-        dir,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
-
-/// Waits until the gateway answers `/readyz` with 200.
-async fn ready(gateway: &mut Gateway, http: &reqwest::Client) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http.get(format!("{}/readyz", gateway.base)).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        if let Ok(Some(status)) = gateway.child.try_wait() {
-            panic!("gateway {} exited before ready: {status}", gateway.base);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gateway {} not ready within 30 s",
-            gateway.base
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+/// A gateway process on `redis`, with the defaults a user would run.
+fn start_gateway(redis: &RedisServer) -> Gateway {
+    Gateway::start(&["--redis-url", &redis.url()])
 }
 
 /// `n` gateways on `redis`, started together, each ready.
 async fn start_gateways(redis: &RedisServer, n: usize) -> Vec<Gateway> {
-    let mut gateways: Vec<Gateway> = (0..n).map(|_| start_gateway(redis, &[])).collect();
+    let mut gateways: Vec<Gateway> = (0..n).map(|_| start_gateway(redis)).collect();
     let http = client();
     for g in &mut gateways {
-        ready(g, &http).await;
+        g.ready(&http).await;
     }
     gateways
 }

@@ -1,5 +1,6 @@
-//! Two real `strata-gateway` processes of one region on one Redis: what one admits, the other
-//! counts, through Redis alone.
+//! Real `strata-gateway` processes: two of one region on one Redis (what one admits, the other
+//! counts, through Redis alone), and two regions sharing a global table, with the gateway's own
+//! flush and sync loops (how soon one region sees the other's usage).
 
 #![allow(
     clippy::unwrap_used,
@@ -10,53 +11,17 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::process::GatewayProcess;
 use common::redis::RedisServer;
 use serde_json::{Value, json};
 
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start_gateway(redis: &RedisServer, http: &reqwest::Client) -> (Process, String) {
-    let port = common::free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--redis-url",
-            &redis.url(),
-        ])
-        .args(["--replay-interval", "20ms"])
-        .arg("--data-dir")
-        .arg(std::env::temp_dir().join(format!("strata-processes-{}-{port}", std::process::id())))
-        .env("STRATA_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
-            if r.status() == 200 {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gateway on {port} not ready within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (Process(child), base)
+async fn start_gateway(redis: &RedisServer, http: &reqwest::Client) -> (GatewayProcess, String) {
+    let mut g = GatewayProcess::start(&["--redis-url", &redis.url(), "--replay-interval", "20ms"]);
+    g.ready(http).await;
+    let base = g.base.clone();
+    (g, base)
 }
 
 async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
@@ -93,4 +58,66 @@ async fn what_one_gateway_admits_the_other_counts() {
     let r = post(&http, format!("{b}/v1/ratelimit"), limit.clone()).await;
     assert_eq!(r["success"], false, "{r}");
     assert_eq!(r["remaining"], 0);
+}
+
+/// The real loops, in real processes: eu admits, and us sees it as the other regions' count
+/// within one flush plus one sync interval and their jitter (1 s + 1 s, + 20% each), plus a
+/// replay interval and some slack for a loaded machine. The flush and sync cadences once
+/// skipped each other's firings, and a reader of the README saw `remaining: 9` instead of 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_region_sees_usage_within_a_flush_and_a_sync() {
+    let dir = std::env::temp_dir().join(format!("strata-propagation-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.to_string_lossy().to_string();
+    let http = reqwest::Client::new();
+    let intervals = ["--flush-interval", "1s", "--sync-interval", "1s"];
+    let start = |region: &str| {
+        let mut args = vec!["--region", region, "--data-dir", data.as_str()];
+        args.extend(intervals);
+        GatewayProcess::start(&args)
+    };
+    let (mut eu, mut us) = (start("eu"), start("us"));
+    eu.ready(&http).await;
+    us.ready(&http).await;
+    const HOUR: u64 = 3_600_000;
+    let bound = Duration::from_millis(100 + 1_200 + 1_200 + 800);
+    let mut delays = Vec::new();
+    for round in 0..5 {
+        let id = format!("roamer-{}-{round}", std::process::id());
+        let limit = json!({"namespace":"api","identifier":id,"limit":10,"duration":HOUR});
+        for _ in 0..8 {
+            let r = post(&http, format!("{}/v1/ratelimit", eu.base), limit.clone()).await;
+            assert_eq!(r["success"], true);
+        }
+        let admitted = Instant::now();
+        let seq = strata_gateway::clock::Clock::system().now_ms() / HOUR;
+        let cell =
+            json!({"cells":[{"namespace":"api","identifier":id,"duration":HOUR,"sequence":seq}]});
+        loop {
+            let seen = post(&http, format!("{}/v1/origin/read", us.base), cell.clone()).await;
+            if seen["cells"][0]["global"] == 8 {
+                break;
+            }
+            assert!(
+                admitted.elapsed() < bound,
+                "round {round}: us did not see eu's 8 within {bound:?}: {seen}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        delays.push(admitted.elapsed());
+        // us now counts them: 2 left, then the limit.
+        let r = post(&http, format!("{}/v1/ratelimit", us.base), limit.clone()).await;
+        assert_eq!(
+            (r["success"].clone(), r["remaining"].clone()),
+            (json!(true), json!(1))
+        );
+    }
+    delays.sort();
+    println!(
+        "eu -> us, flush and sync every 1 s: median {:?}, max {:?} (bound {bound:?})",
+        delays[delays.len() / 2],
+        delays[delays.len() - 1]
+    );
+    drop((eu, us));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -23,6 +23,7 @@ use strata_gateway::config::Settings;
 use tower::ServiceExt;
 
 pub mod mariadb;
+pub mod process;
 pub mod redis;
 
 use redis::RedisServer;

@@ -1,0 +1,81 @@
+//! Real `strata-gateway` processes started from the built binary, for claims about several
+//! processes: the defaults a user would run (no `STRATA_*` setting leaks in from this
+//! environment), a free loopback port, and a data dir of its own unless one is given.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One gateway process: killed on drop, and its data dir removed if it made one.
+pub struct GatewayProcess {
+    child: Child,
+    own_dir: Option<PathBuf>,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.own_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl GatewayProcess {
+    /// Spawns a gateway on a free port with `args` (a `--data-dir` among them, or one of its
+    /// own is added).
+    pub fn start(args: &[&str]) -> Self {
+        let port = super::free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("STRATA_") {
+                command.env_remove(key);
+            }
+        }
+        command.args(["--listen", &format!("127.0.0.1:{port}")]);
+        command.args(args);
+        let own_dir = (!args.contains(&"--data-dir")).then(|| {
+            let dir =
+                std::env::temp_dir().join(format!("strata-process-{}-{port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            command.arg("--data-dir").arg(&dir);
+            dir
+        });
+        let child = command
+            .env("STRATA_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            own_dir,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Waits until the gateway answers `/readyz` with 200 (30 s at most; fails at once if the
+    /// process exits).
+    pub async fn ready(&mut self, http: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("gateway {} exited before ready: {status}", self.base);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway {} not ready within 30 s",
+                self.base
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}

@@ -371,3 +371,50 @@ async fn poisoned_cells_do_not_open_the_breaker_for_everyone() {
         "decided at Redis"
     );
 }
+
+/// A replay batch that times out while Redis is stalled is applied when Redis wakes up; the
+/// gateway, not knowing, sends the same counts again with its next batch: counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_timed_out_mid_apply_counts_once() {
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await; // a 250 ms origin timeout
+    let limiter = &g.gateway.limiter;
+    for _ in 0..5 {
+        assert!(decide(&g.gateway, "stalled", 100).await);
+    }
+    assert_eq!(
+        limiter.unreplayed(),
+        1,
+        "local passes under the lease, not replayed yet"
+    );
+    let mut stall = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "DEBUG", "SLEEP", "0.6"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // the stall has begun
+    assert!(!limiter.replay_once().await, "timed out");
+    stall.wait().unwrap();
+    let seq = T0 / 60_000;
+    let read = || async {
+        limiter
+            .origin
+            .read(&[(key("stalled"), seq)], T0)
+            .await
+            .unwrap()[0]
+    };
+    // Redis applied the queued batch after its stall: 1 decided there + 4 local passes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while read().await != 5 {
+        assert!(Instant::now() < deadline, "the stalled batch never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        limiter.unreplayed(),
+        1,
+        "the gateway still thinks it undelivered"
+    );
+    assert!(limiter.replay_once().await, "sent again");
+    assert_eq!(limiter.unreplayed(), 0);
+    assert_eq!(read().await, 5, "counted once");
+}

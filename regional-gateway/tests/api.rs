@@ -47,6 +47,38 @@ on_every_origin! {
     the_same_replay_posted_twice_counts_once(&[]),
     a_warm_key_is_decided_locally_under_its_lease(&[]),
     health_readiness_and_metrics_answer(&[]),
+    a_limit_changed_mid_window_applies_at_once(&[]),
+}
+
+/// A limit lowered mid-window applies to the next request, whether the lease granted under the
+/// old limit would still cover it or not (the local view, counting what was admitted, denies
+/// first); raised again, the room comes back; the latest limit is the one kept (the publish
+/// floor follows it).
+async fn a_limit_changed_mid_window_applies_at_once(g: TestGateway) {
+    for _ in 0..5 {
+        assert!(g.limit(None, "moving", 100).await.0);
+    }
+    assert_eq!(g.limit(None, "moving", 6).await, (true, 0), "6th of 6");
+    let (passed, remaining) = g.limit(None, "moving", 6).await;
+    assert!(!passed && remaining == 0, "the lower limit holds");
+    assert_eq!(
+        g.limit(None, "moving", 8).await,
+        (true, 1),
+        "raised: room again"
+    );
+    let key = strata_core::WindowKeyRef::new(
+        "default",
+        "api",
+        "moving",
+        strata_core::WindowDuration::from_ms(60_000).unwrap(),
+    )
+    .unwrap();
+    let local = g.gateway.limiter.local.lock(key);
+    assert_eq!(
+        local.get(key).unwrap().limit(),
+        8,
+        "the latest limit is kept"
+    );
 }
 
 async fn ratelimit_counts_then_denies_with_headers(g: TestGateway) {

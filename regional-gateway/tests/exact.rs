@@ -403,12 +403,22 @@ fn client(origin: Origin) -> OriginClient {
 /// The same sequence of decisions and replays, from three instances, against the embedded
 /// origin and against Redis's scripts: identical verdicts, remaining counts, cells, own counts
 /// and leases, including counts and windows large enough that a naive floating-point product
-/// would round differently.
+/// would round differently. Redis keeps leases on its own clock and the embedded origin on the
+/// gateway's, so the leases here outlive the run (their ids differ; each origin is given back
+/// its own).
 #[tokio::test]
 async fn the_redis_scripts_and_the_embedded_origin_agree() {
     let redis = RedisServer::start();
-    let memory = client(Origin::Memory(MemoryOrigin::new()));
-    let on_redis = client(Origin::Redis(
+    let long = |origin| {
+        OriginClient::new(
+            origin,
+            Duration::from_secs(5),
+            100 * 24 * 3_600_000,
+            Arc::new(Metrics::default()),
+        )
+    };
+    let memory = long(Origin::Memory(MemoryOrigin::new()));
+    let on_redis = long(Origin::Redis(
         RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap(),
     ));
     let month = WindowDuration::from_ms(30 * 24 * 3_600_000).unwrap();
@@ -422,8 +432,8 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
     };
     // Each instance's cumulative local passes per (namespace, id, duration, sequence).
     let mut own: HashMap<(String, String, u64, u64), u64> = HashMap::new();
-    // The id of the lease each instance was last granted per cell.
-    let mut ids: HashMap<(String, String, u64, u64), u64> = HashMap::new();
+    // The id of the lease each instance was last granted per cell, by each origin.
+    let mut ids: [HashMap<(String, String, u64, u64), u64>; 2] = [HashMap::new(), HashMap::new()];
     let instances = ["one", "two", "three"];
     let (mut passes, mut denials, mut leases, mut replays) = (0, 0, 0, 0);
     let mut now = 2_592_000_000 * 700 + 1; // just past a 30-day boundary
@@ -468,8 +478,8 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
             *v
         };
         // Sometimes give back the lease last granted on the cell (or, stale, the one before).
-        let release = |key: WindowKeyRef<'_>, sequence: u64, r: u64| {
-            let id = ids.get(&cell(key, sequence)).copied().unwrap_or(0);
+        let release = |origin: usize, key: WindowKeyRef<'_>, sequence: u64, r: u64| {
+            let id = ids[origin].get(&cell(key, sequence)).copied().unwrap_or(0);
             match r % 6 {
                 0 => id,
                 1 => id.saturating_sub(1),
@@ -478,7 +488,7 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
         };
         if next() % 4 == 0 {
             // A replay of this instance's own counts, sometimes giving its lease back.
-            let cells: Vec<CellUsed<'_>> = keys
+            let cells: Vec<(CellUsed<'_>, u64)> = keys
                 .iter()
                 .map(|&key| {
                     let sequence = key.duration().sequence(now);
@@ -487,22 +497,33 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     } else {
                         next() % 3
                     };
-                    CellUsed {
+                    let cell = CellUsed {
                         key,
                         sequence,
                         used: used(key, sequence, grow),
-                        release: release(key, sequence, next()),
-                    }
+                        release: 0,
+                    };
+                    (cell, next())
                 })
                 .collect();
-            let a = memory.replay(instance, &cells, now).await.unwrap();
-            let b = on_redis.replay(instance, &cells, now).await.unwrap();
+            // Each origin is given back the lease it granted.
+            let given = |origin: usize| -> Vec<CellUsed<'_>> {
+                cells
+                    .iter()
+                    .map(|(c, r)| CellUsed {
+                        release: release(origin, c.key, c.sequence, *r),
+                        ..*c
+                    })
+                    .collect()
+            };
+            let a = memory.replay(instance, &given(0), now).await.unwrap();
+            let b = on_redis.replay(instance, &given(1), now).await.unwrap();
             assert_eq!(a, b, "step {step}: replay");
             assert!(a.iter().all(Option::is_some), "step {step}");
             replays += 1;
             continue;
         }
-        let limits: Vec<DecideLimit<'_>> = keys
+        let limits: Vec<(DecideLimit<'_>, u64)> = keys
             .iter()
             .enumerate()
             .map(|(i, &key)| {
@@ -516,7 +537,7 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                 } else {
                     (next() % 4, next() % 3, next() % 16)
                 };
-                DecideLimit {
+                let limit = DecideLimit {
                     key,
                     limit: if i == 0 { limit } else { limit2 },
                     cost,
@@ -525,33 +546,56 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                         used(key, sequence.saturating_sub(1), 0),
                     ],
                     want,
-                    release: release(key, sequence, next()),
+                    release: 0,
                     global: [next() % 5, next() % 5],
                     floor: [0, 0],
-                }
+                };
+                (limit, next())
             })
             .collect();
-        let a = memory.decide(instance, &limits, now).await.unwrap();
-        let b = on_redis.decide(instance, &limits, now).await.unwrap();
+        let given = |origin: usize| -> Vec<DecideLimit<'_>> {
+            limits
+                .iter()
+                .map(|(l, r)| DecideLimit {
+                    release: release(origin, l.key, l.key.duration().sequence(now), *r),
+                    ..*l
+                })
+                .collect()
+        };
+        let a = memory.decide(instance, &given(0), now).await.unwrap();
+        let b = on_redis.decide(instance, &given(1), now).await.unwrap();
+        let limits: Vec<DecideLimit<'_>> = limits.iter().map(|(l, _)| *l).collect();
         assert_eq!(a.success, b.success, "step {step}: {a:?} {b:?}");
         assert_eq!(a.limits.len(), b.limits.len(), "step {step}");
         for (x, y) in a.limits.iter().zip(&b.limits) {
             assert_eq!(x.decision, y.decision, "step {step}: {a:?} {b:?}");
             assert_eq!(
                 (
-                    x.sequence, x.current, x.previous, x.used, x.lease, x.lease_id
+                    x.sequence,
+                    x.current,
+                    x.previous,
+                    x.used,
+                    x.lease,
+                    x.lease_id > 0
                 ),
                 (
-                    y.sequence, y.current, y.previous, y.used, y.lease, y.lease_id
+                    y.sequence,
+                    y.current,
+                    y.previous,
+                    y.used,
+                    y.lease,
+                    y.lease_id > 0
                 ),
-                "step {step}: (sequence, current, previous, used, lease, lease id) of {instance} \
-                 for {limits:?}: {a:?} {b:?}"
+                "step {step}: (sequence, current, previous, used, lease, a lease id) of \
+                 {instance} for {limits:?}: {a:?} {b:?}"
             );
             leases += u64::from(x.lease > 0);
         }
-        for (l, x) in limits.iter().zip(&a.limits) {
-            if x.lease_id > 0 {
-                ids.insert(cell(l.key, x.sequence), x.lease_id);
+        for (origin, answer) in [&a, &b].into_iter().enumerate() {
+            for (l, x) in limits.iter().zip(&answer.limits) {
+                if x.lease_id > 0 {
+                    ids[origin].insert(cell(l.key, x.sequence), x.lease_id);
+                }
             }
         }
         if a.success {
@@ -670,4 +714,51 @@ async fn a_concurrent_20x_burst_over_five_gateways_admits_at_most_the_limit() {
         results.iter().all(|&n| n >= limit * 9 / 10),
         "admitted {results:?} of {limit}"
     );
+}
+
+/// Gateways whose clocks disagree by seconds stay exact: leases live on Redis's clock, so a
+/// gateway running 7 s ahead still counts the lease another gateway holds (on the callers'
+/// clocks it would see that lease as expired while its holder still used it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_whose_clocks_disagree_stay_exact() {
+    let redis = RedisServer::start();
+    let settings = || Settings {
+        redis_url: Some(redis.url()),
+        ..Settings::default()
+    };
+    let (behind, ahead) = (
+        with_settings(settings()).await,
+        with_settings(settings()).await,
+    );
+    behind.clock.set(START);
+    ahead.clock.set(START + 7_000);
+    let hour = WindowDuration::from_ms(3_600_000).unwrap();
+    let request = LimitRequest {
+        key: key(hour),
+        limit: 100,
+        cost: 1,
+    };
+    // The gateway behind decides the cold key at Redis and gets a lease.
+    assert!(behind.gateway.limiter.decide(request).await.success);
+    let lease = behind
+        .gateway
+        .limiter
+        .local
+        .lock(key(hour))
+        .get(key(hour))
+        .unwrap()
+        .current()
+        .lease_left();
+    assert!(lease > 10, "a large lease on a fresh key: {lease}");
+    // The gateway ahead spends what is left, then is denied.
+    let mut admitted = 1;
+    for _ in 0..200 {
+        admitted += u64::from(ahead.gateway.limiter.decide(request).await.success);
+        assert!(ahead.gateway.limiter.replay_once().await);
+    }
+    // The lease behind is still its holder's (its clock has not moved): it spends it.
+    for _ in 0..lease {
+        admitted += u64::from(behind.gateway.limiter.decide(request).await.success);
+    }
+    assert_eq!(admitted, 100, "exactly the limit, clocks 7 s apart");
 }

@@ -57,9 +57,10 @@ return tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
 /// formula in exact integer arithmetic (doubles are exact below 2^53; the product of a count
 /// and a duration is split so no intermediate exceeds that), and on a pass counts the cost
 /// and records the caller's lease. KEYS: current cell, previous cell, their lease hashes.
-/// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want,
-/// lease until, dry (1: never count), current global, previous global, the id of the lease
-/// given back (0: none), this region's published counts of the current and previous cells.
+/// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want, how
+/// long a lease is reserved (ms, on Redis's clock), dry (1: never count), current global,
+/// previous global, the id of the lease given back (0: none), this region's published counts
+/// of the current and previous cells.
 /// Returns {ok, current count, previous count, own count, lease, current reserved,
 /// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
 const DECIDE_LUA: &str = r#"
@@ -101,6 +102,10 @@ local function reserved(cell, leases, now, inst)
   return others, mine, holders
 end
 local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Leases live on Redis's clock, one for every gateway of the region: a gateway whose clock
+-- runs ahead must not see another's lease as expired while its holder still uses it.
+local t = redis.call('TIME')
+local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst = ARGV[5]
 merge_own(KEYS[1], inst, tonumber(ARGV[6]))
 merge_own(KEYS[2], inst, tonumber(ARGV[7]))
@@ -116,9 +121,9 @@ end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
 local prev = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
 -- every live lease counts as used, the caller's too (its in-flight passes may use it)
-local others, mine, holders = reserved(KEYS[1], KEYS[3], now, inst)
+local others, mine, holders = reserved(KEYS[1], KEYS[3], clock, inst)
 local rc = others + mine
-local po, pm = reserved(KEYS[2], KEYS[4], now, inst)
+local po, pm = reserved(KEYS[2], KEYS[4], clock, inst)
 local rp = po + pm
 local seq = math.floor(now / d)
 local elapsed = now - seq * d
@@ -145,7 +150,7 @@ if ok == 1 and ARGV[10] ~= '1' then
     lease = ceiling - own
     -- ids strictly increase per holder, across dropped leases too ('i:<instance>' keeps the
     -- last), so a release names exactly one grant and a holder recognises a new one
-    lease_id = tonumber(ARGV[9])
+    lease_id = clock + tonumber(ARGV[9])
     local last = tonumber(redis.call('HGET', KEYS[1], 'i:' .. inst) or '0')
     if last >= lease_id then lease_id = last + 1 end
     redis.call('HSET', KEYS[1], 'i:' .. inst, string.format('%d', lease_id))
@@ -267,7 +272,8 @@ impl RedisOrigin {
         lease_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
         let mut conn = self.conn.clone();
-        let until = strata_core::lease::reserved_until(now_ms, lease_ms);
+        // How long Redis reserves a lease, from its own clock.
+        let reserve_ms = strata_core::lease::reserved_until(0, lease_ms);
         let mut outcomes = Vec::with_capacity(limits.len());
         let mut replaced = Vec::with_capacity(limits.len());
         let mut failed = false;
@@ -289,7 +295,7 @@ impl RedisOrigin {
                 .arg(l.used[0])
                 .arg(l.used[1])
                 .arg(l.want)
-                .arg(until)
+                .arg(reserve_ms)
                 .arg(u8::from(failed))
                 .arg(l.global[0])
                 .arg(l.global[1])

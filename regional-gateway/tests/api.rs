@@ -1,4 +1,4 @@
-//! The API contract of DESIGN section 4 against the embedded origin: every endpoint, every
+//! The API contract (v1) against the embedded origin and Redis: every endpoint, every
 //! error status, auth and workspace isolation, and identities built to collide.
 
 #![allow(

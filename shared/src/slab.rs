@@ -24,6 +24,9 @@ use hashbrown::HashTable;
 use crate::cell::WindowState;
 use crate::identity::{WindowKey, WindowKeyRef};
 
+/// Most slots holding unreplayed cost one eviction passes over before it takes one.
+const MAX_UNREPLAYED_SKIPS: usize = 256;
+
 /// Where a slot stands with the eviction hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Clock {
@@ -201,13 +204,20 @@ impl Slab {
     }
 
     /// The next slot not used since the hand last passed it, not pinned by the operation in
-    /// progress, and holding no unacknowledged own cost. Two sweeps find one unless every
-    /// slot holds such cost (then the hand's slot goes, and its cost is counted as lost).
+    /// progress, and holding no unacknowledged own cost. Passing over unreplayed slots is
+    /// bounded (`MAX_UNREPLAYED_SKIPS`): with the origin down under a key flood nearly every
+    /// slot holds such cost, and an insert must not sweep the whole table; then the slot at
+    /// the hand goes, and its cost is counted as lost.
     fn victim(&mut self) -> usize {
         let n = self.slots.len();
+        let mut skipped = 0;
         for _ in 0..2 * n {
             self.hand = (self.hand + 1) % n;
-            if self.pinned.contains(&self.hand) || unacked(&self.slots[self.hand].state) > 0 {
+            if self.pinned.contains(&self.hand) {
+                continue;
+            }
+            if unacked(&self.slots[self.hand].state) > 0 && skipped < MAX_UNREPLAYED_SKIPS {
+                skipped += 1;
                 continue;
             }
             match self.clock[self.hand] {

@@ -453,3 +453,25 @@ fn a_full_table_holds_its_memory_flat() {
         full
     );
 }
+
+#[test]
+fn a_table_full_of_unreplayed_keys_still_takes_new_ones_and_counts_the_loss() {
+    // The origin is down and every key holds a local pass it could not replay: a new key
+    // still gets a slot (after a bounded search), and the cost it displaces is counted.
+    let ids = names(4_096);
+    let mut t = small(2_048);
+    for id in &ids[..2_048] {
+        assert!(t.decide(key(id), 10, 1, T0).success);
+    }
+    assert_eq!(t.stats().replay_lost, 0);
+    for id in &ids[2_048..] {
+        assert!(t.decide(key(id), 10, 1, T0).success);
+    }
+    assert_eq!(t.len(), 2_048);
+    assert_eq!(t.stats().evicted, 2_048);
+    assert_eq!(
+        t.stats().replay_lost,
+        2_048,
+        "every displaced pass is counted"
+    );
+}

@@ -255,6 +255,8 @@ async fn origin_decide(
                 used: used_on(sequence, l.sequence.unwrap_or(sequence), l.used),
                 want: l.want,
                 release: l.release,
+                call: l.call,
+                undo_from: l.undo_from,
                 global,
                 floor,
             }

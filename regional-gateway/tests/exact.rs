@@ -378,6 +378,8 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
         release: 0,
         global: [0, 0],
         floor: [0, 0],
+        call: 0,
+        undo_from: 0,
     }];
     let answer = limiter
         .origin
@@ -437,7 +439,7 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
     let instances = ["one", "two", "three"];
     let (mut passes, mut denials, mut leases, mut replays) = (0, 0, 0, 0);
     let mut now = 2_592_000_000 * 700 + 1; // just past a 30-day boundary
-    for step in 0..600 {
+    for step in 0..600_u64 {
         now += if next() % 4 == 0 {
             next() % 3_000_000
         } else {
@@ -549,6 +551,13 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     release: 0,
                     global: [next() % 5, next() % 5],
                     floor: [0, 0],
+                    // Call ids grow; now and then a call asks to undo an earlier one's count.
+                    call: step + 1,
+                    undo_from: if next() % 5 == 0 {
+                        step.saturating_sub(next() % 3)
+                    } else {
+                        0
+                    },
                 };
                 (limit, next())
             })
@@ -631,6 +640,8 @@ async fn a_denied_multi_limit_request_leases_nothing_on_either_origin() {
         release: 0,
         global: [0, 0],
         floor: [0, 0],
+        call: 0,
+        undo_from: 0,
     };
     let mut leases = Vec::new();
     for origin in [

@@ -418,3 +418,58 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
     assert_eq!(limiter.unreplayed(), 0);
     assert_eq!(read().await, 5, "counted once");
 }
+
+/// A decision that times out while Redis is stalled is applied when Redis wakes up, but the
+/// gateway already decided that request from local memory (and replays its local pass). Its
+/// next call asks Redis to undo what the lost call counted: every admitted request counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_answer_was_lost_is_undone_by_the_next_call() {
+    let redis = RedisServer::start();
+    let g = with_settings(Settings {
+        redis_url: Some(redis.url()),
+        origin_timeout: Duration::from_millis(100),
+        ..Settings::default()
+    })
+    .await;
+    let limiter = &g.gateway.limiter;
+    let seq = T0 / 60_000;
+    let count = || async {
+        limiter
+            .origin
+            .read(&[(key("late"), seq)], T0)
+            .await
+            .unwrap()[0]
+    };
+    // The decide script is loaded (a first call), so the stalled call is one command.
+    assert!(decide(&g.gateway, "warm-up", 10).await);
+    let mut stall = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "DEBUG", "SLEEP", "0.5"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
+    assert!(
+        decide(&g.gateway, "late", 10).await,
+        "decided from local memory"
+    );
+    assert_eq!(limiter.metrics.decisions(Source::Fallback), 1);
+    stall.wait().unwrap();
+    // Redis applied the lost call after its stall; the local pass is replayed on top.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count().await != 1 {
+        assert!(Instant::now() < deadline, "the stalled call never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(limiter.replay_once().await);
+    assert_eq!(count().await, 2, "counted twice, for now");
+    // After the retry delay, the next request is decided at Redis, undoing the lost call.
+    g.clock.set(T0 + 300);
+    assert!(decide(&g.gateway, "late", 10).await);
+    assert_eq!(
+        limiter.metrics.decisions(Source::Origin),
+        2,
+        "the warm-up and this one"
+    );
+    assert!(limiter.replay_once().await);
+    assert_eq!(count().await, 2, "two requests admitted, two counted");
+}

@@ -3,7 +3,7 @@
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
 //! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
-//! to 192 bytes (two cells of 80, the lease history) so a table slot with its key is 216.
+//! to 208 bytes (two cells of 88, the lease history) so a table slot with its key is 232.
 
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
 use crate::lease::LeaseState;
@@ -34,6 +34,10 @@ pub struct CellState {
     /// increasing per process and cell): only a newer lease replaces it, and giving one back
     /// names it, so a late answer or a release crossing a new grant can do no harm.
     pub(crate) lease_id: u64,
+    /// The first origin call for this cell whose outcome this process never learned (it timed
+    /// out or failed, and the request was decided by the failure mode); 0: none. The next
+    /// call asks the origin to undo whatever it counted since, so the request counts once.
+    pub(crate) uncertain_from: u64,
     /// `own` as the last replay pass saw it while a lease was held (`u64::MAX`: not seen since
     /// the lease was granted): a lease is idle when a whole pass went by without a local pass.
     pub(crate) idle_mark: u64,
@@ -53,6 +57,7 @@ impl CellState {
         acked: 0,
         grant: 0,
         lease_id: 0,
+        uncertain_from: 0,
         idle_mark: u64::MAX,
     };
 
@@ -75,6 +80,10 @@ impl CellState {
     /// This process's cumulative admitted cost in the cell.
     pub const fn own(&self) -> u64 {
         self.own
+    }
+    /// The first origin call whose outcome was never learned (0: none).
+    pub const fn uncertain_from(&self) -> u64 {
+        self.uncertain_from
     }
     /// The id of the lease in use (0: none granted yet).
     pub const fn lease_id(&self) -> u64 {
@@ -359,7 +368,7 @@ mod tests {
     }
 
     #[test]
-    fn a_window_state_is_192_bytes() {
-        assert_eq!(core::mem::size_of::<WindowState>(), 192);
+    fn a_window_state_is_208_bytes() {
+        assert_eq!(core::mem::size_of::<WindowState>(), 208);
     }
 }

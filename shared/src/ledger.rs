@@ -35,6 +35,20 @@ pub struct CellLedger {
     /// The last lease id granted per process, kept when its lease is dropped, so ids never
     /// repeat (a holder ignores an id it has seen).
     last_ids: BTreeMap<String, u64>,
+    /// The last call counted here per process: its id, cost and the lease it granted (so a
+    /// process that never learned the outcome can have it undone).
+    counted: BTreeMap<String, Counted>,
+}
+
+/// A pass counted at the origin for a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// The call's id.
+    pub call: u64,
+    /// The cost counted.
+    pub cost: u64,
+    /// The lease it granted (0: none).
+    pub lease_id: u64,
 }
 
 impl CellLedger {
@@ -69,6 +83,31 @@ impl CellLedger {
     /// Counts `cost` decided here (it is no process's local pass, so never replayed).
     pub fn add(&mut self, cost: u64) {
         self.count = self.count.saturating_add(cost);
+    }
+
+    /// Remembers what `instance`'s call counted here (a call id of 0 is not remembered).
+    pub fn record(&mut self, instance: &str, counted: Counted) {
+        if counted.call != 0 {
+            self.counted.insert(instance.to_string(), counted);
+        }
+    }
+
+    /// Undoes what `instance`'s last counted call did, if its id is `from` or later: the
+    /// process never learned the outcome and decided that request itself. Returns the cost
+    /// taken back.
+    pub fn undo(&mut self, instance: &str, from: u64) -> u64 {
+        let Some(c) = self.counted.get(instance).copied() else {
+            return 0;
+        };
+        if from == 0 || c.call < from {
+            return 0;
+        }
+        self.counted.remove(instance);
+        self.count = self.count.saturating_sub(c.cost);
+        if c.lease_id != 0 {
+            self.release(instance, c.lease_id);
+        }
+        c.cost
     }
 
     /// What live leases may still admit at `now_ms`: the other processes' and
@@ -227,6 +266,29 @@ mod tests {
         assert_eq!((c.reserved("a", 0), c.leases()), ((0, 0), 0));
         // A clock that did not move (or moved back) still gives a new grant a new id.
         assert_eq!(c.lease("b", 3, 0, 1_500), (3, 2_001), "ids never repeat");
+    }
+
+    #[test]
+    fn a_call_whose_answer_was_lost_is_undone_once() {
+        let mut c = CellLedger::default();
+        c.add(2);
+        let (_, id) = c.lease("a", 5, 0, 1_000);
+        c.record(
+            "a",
+            Counted {
+                call: 7,
+                cost: 2,
+                lease_id: id,
+            },
+        );
+        assert_eq!(
+            c.undo("a", 8),
+            0,
+            "an older call is not undone by a later marker"
+        );
+        assert_eq!(c.undo("a", 6), 2, "undone: the count and its lease");
+        assert_eq!((c.count(), c.reserved("a", 0)), (0, (0, 0)));
+        assert_eq!(c.undo("a", 6), 0, "once");
     }
 
     #[test]

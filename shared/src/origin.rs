@@ -30,6 +30,11 @@ pub struct OriginPlan {
     pub used: [u64; 2],
     /// The lease to ask for beyond the request's cost.
     pub want: u64,
+    /// This call's id (per process, only growing; set by the table that plans it).
+    pub call: u64,
+    /// Undo what this process's calls from this id on counted (0: nothing): their outcome was
+    /// never learned, and the failure mode decided those requests instead.
+    pub undo_from: u64,
 }
 
 /// An origin's answer to a decision request, for one limit.
@@ -112,6 +117,8 @@ impl WindowState {
             release: self.current.lease_id,
             used: [self.current.own, self.previous.own],
             want: self.lease.want(reason, cost, limit),
+            call: 0,
+            undo_from: self.current.uncertain_from,
         })
     }
 
@@ -140,6 +147,10 @@ impl WindowState {
             cell.own = cell.own.max(answer.used);
             cell.acked = cell.acked.max(answer.used);
             cell.read_retry_at = 0;
+            // This call carried the undo of every call since `uncertain_from`.
+            if plan.undo_from != 0 && plan.undo_from == cell.uncertain_from {
+                cell.uncertain_from = 0;
+            }
             // Only a newer lease replaces the one in use (answers to concurrent calls arrive
             // in any order); the origin's newer lease always covers the older one.
             if answer.lease > 0 && answer.lease_id > cell.lease_id {
@@ -236,10 +247,14 @@ impl WindowState {
         true
     }
 
-    /// Records a failed origin call: the lease stays as it was (a failure proves nothing)
-    /// and no call is tried again for `read_retry_ms`; decisions are local meanwhile.
-    pub fn fail_origin(&mut self, now_ms: u64, policy: &OriginPolicy) {
+    /// Records that origin call `plan` failed: the lease stays as it was (a failure proves
+    /// nothing), no call is tried again for `read_retry_ms` (decisions are local meanwhile),
+    /// and the next call asks the origin to undo what this one may have counted.
+    pub fn fail_origin(&mut self, plan: &OriginPlan, now_ms: u64, policy: &OriginPolicy) {
         self.current.read_retry_at = now_ms.saturating_add(policy.read_retry_ms);
+        if plan.sequence == self.sequence && self.current.uncertain_from == 0 {
+            self.current.uncertain_from = plan.call;
+        }
     }
 }
 
@@ -375,15 +390,23 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_call_decides_locally_until_the_retry_delay() {
+    fn a_failed_call_decides_locally_until_the_retry_delay_then_asks_for_its_undo() {
         let policy = OriginPolicy::default();
         let mut s = WindowState::new(minute(), T);
-        s.fail_origin(T, &policy);
+        let failed = OriginPlan {
+            call: 4,
+            ..plan(&s, T)
+        };
+        s.fail_origin(&failed, T, &policy);
         assert!(matches!(
             s.classify(minute(), 10, 1, T + 299),
             Verdict::Local(_)
         ));
-        assert_eq!(plan(&s, T + 300).reason, Reason::Cold);
+        let next = plan(&s, T + 300);
+        assert_eq!((next.reason, next.undo_from), (Reason::Cold, 4));
+        // Its answer arrives: the undo was carried, nothing is uncertain any more.
+        s.apply_decided(minute(), &next, &answer(&next, true, 1, 0), 1, T + 300);
+        assert_eq!(s.current().uncertain_from(), 0);
     }
 
     #[test]

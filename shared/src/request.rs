@@ -139,6 +139,8 @@ impl OriginCall {
                     used_previous: l.plan.used[1],
                     want: l.plan.want,
                     release: l.plan.release,
+                    call: l.plan.call,
+                    undo_from: l.plan.undo_from,
                 })
                 .collect(),
         }
@@ -183,6 +185,9 @@ pub trait States {
     fn state(&mut self, i: usize) -> Option<&mut WindowState>;
     /// Whether limits `i` and `j` share one state (a key named twice is charged twice).
     fn same(&self, i: usize, j: usize) -> bool;
+    /// A new origin call id for limit `i`'s state: only growing within the table that holds
+    /// it (see [`crate::CounterTable::next_call`]).
+    fn next_call(&mut self, i: usize) -> u64;
 }
 
 /// Starts a request: decides it locally where that is safe (a denial by the local lower
@@ -219,7 +224,8 @@ pub fn begin<S: States>(states: &mut S, limits: &[LimitRequest<'_>], now_ms: u64
         .zip(plans)
         .enumerate()
         .map(|(i, (l, plan))| {
-            let plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
+            let mut plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
+            plan.call = states.next_call(i);
             if let Some(s) = states.state(i) {
                 s.begin_origin(&plan);
             }
@@ -241,14 +247,16 @@ fn covered_plan<S: States>(
     l: &LimitRequest<'_>,
     now_ms: u64,
 ) -> OriginPlan {
-    let (sequence, used, want, release) = states.state(i).map_or((0, [0, 0], 0, 0), |s| {
-        (
-            s.sequence(),
-            [s.current().own(), s.previous().own()],
-            s.lease().want(Reason::Stale, l.cost, l.limit),
-            s.current().lease_id(),
-        )
-    });
+    let (sequence, used, want, release, undo_from) =
+        states.state(i).map_or((0, [0, 0], 0, 0, 0), |s| {
+            (
+                s.sequence(),
+                [s.current().own(), s.previous().own()],
+                s.lease().want(Reason::Stale, l.cost, l.limit),
+                s.current().lease_id(),
+                s.current().uncertain_from(),
+            )
+        });
     OriginPlan {
         sequence,
         at_ms: now_ms,
@@ -256,6 +264,8 @@ fn covered_plan<S: States>(
         release,
         used,
         want,
+        call: 0,
+        undo_from,
     }
 }
 
@@ -327,9 +337,9 @@ pub fn fail<S: States>(
     now_ms: u64,
     policy: &OriginPolicy,
 ) -> MultiDecision {
-    for i in 0..call.limits.len() {
+    for (i, l) in call.limits.iter().enumerate() {
         if let Some(s) = states.state(i) {
-            s.fail_origin(now_ms, policy);
+            s.fail_origin(&l.plan, now_ms, policy);
         }
     }
     let limits: Vec<LimitRequest<'_>> = call.limits.iter().map(CallLimit::request).collect();
@@ -379,6 +389,8 @@ mod tests {
             release: 0,
             used: [5, 2],
             want: 8,
+            call: 3,
+            undo_from: 0,
         };
         OriginCall::single(
             LimitRequest {

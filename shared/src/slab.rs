@@ -38,7 +38,7 @@ enum Clock {
     Used,
 }
 
-/// Key and state, 24 + 192 bytes. Eviction and replay bookkeeping live apart.
+/// Key and state, 24 + 208 bytes. Eviction and replay bookkeeping live apart.
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub(crate) key: WindowKey,
@@ -78,6 +78,8 @@ pub(crate) struct Slab {
     marked: Vec<bool>,
     hand: usize,
     purge_at: usize,
+    /// The last origin call id handed out (ids only grow, also across evicted entries).
+    pub(crate) last_call: u64,
     hasher: FixedState,
     capacity: usize,
     pub(crate) stats: TableStats,
@@ -95,6 +97,7 @@ impl Slab {
             marked: Vec::new(),
             hand: 0,
             purge_at: 0,
+            last_call: 0,
             hasher: FixedState::with_seed(seed),
             capacity,
             stats: TableStats::default(),
@@ -280,8 +283,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_216_bytes() {
-        assert_eq!(core::mem::size_of::<Slot>(), 216);
+    fn a_slot_is_232_bytes() {
+        assert_eq!(core::mem::size_of::<Slot>(), 232);
         assert_eq!(core::mem::size_of::<WindowKey>(), 24);
     }
 }

@@ -114,6 +114,10 @@ impl States for Pinned<'_> {
     fn same(&self, i: usize, j: usize) -> bool {
         self.slots.get(i) == self.slots.get(j)
     }
+    fn next_call(&mut self, _: usize) -> u64 {
+        self.slab.last_call = self.slab.last_call.saturating_add(1);
+        self.slab.last_call
+    }
 }
 
 impl CounterTable {
@@ -169,8 +173,10 @@ impl CounterTable {
                 state.apply(&decision, d, cost, now_ms);
                 Step::Decided(decision)
             }
-            Verdict::Origin(plan) => {
+            Verdict::Origin(mut plan) => {
                 state.begin_origin(&plan);
+                slab.last_call = slab.last_call.saturating_add(1);
+                plan.call = slab.last_call;
                 Step::Origin(plan)
             }
         }
@@ -277,6 +283,13 @@ impl CounterTable {
             self.slab.pinned.push(slot);
         }
         Ok(core::mem::take(&mut self.slab.pinned))
+    }
+
+    /// A new origin call id: only growing, across evicted entries too (a call id names what
+    /// the origin counted for this process, so a later call can ask it to undo that).
+    pub fn next_call(&mut self) -> u64 {
+        self.slab.last_call = self.slab.last_call.saturating_add(1);
+        self.slab.last_call
     }
 
     /// The state of `key`, created if absent and marked used: for shells that hold several

@@ -282,6 +282,14 @@ pub struct DecideLimitRequest {
     /// it, once `used` is merged and if no newer lease replaced it, before deciding.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub release: u64,
+    /// This call's id for the cell (default 0: none), growing per caller: the origin keeps the
+    /// last it counted, so a later call can ask it to undo that.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub call: u64,
+    /// Undo what the caller's calls from this id on counted (default 0: nothing): their answers
+    /// never arrived, and the caller decided those requests itself.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub undo_from: u64,
 }
 
 /// `POST /v1/origin/decide` body.
@@ -355,6 +363,10 @@ pub struct DecideRef<'a> {
     pub want: u64,
     /// The id of the lease the caller gives back (0: none).
     pub release: u64,
+    /// This call's id (0: none).
+    pub call: u64,
+    /// Undo the caller's counted calls from this id on (0: nothing).
+    pub undo_from: u64,
 }
 
 /// A validated replay event.
@@ -514,6 +526,8 @@ impl DecideRequest {
                     ],
                     want: count(&path, "want", l.want)?,
                     release: l.release,
+                    call: l.call,
+                    undo_from: l.undo_from,
                 })
             })
             .collect()

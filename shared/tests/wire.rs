@@ -364,6 +364,8 @@ fn origin_requests_have_the_contract_shape() {
             used_previous: 2,
             want: 8,
             release: 0,
+            call: 0,
+            undo_from: 0,
         }],
     };
     let json = serde_json::to_string(&decide).unwrap();

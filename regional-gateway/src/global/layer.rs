@@ -134,16 +134,18 @@ impl Global {
 
     /// What an origin decision adds to its own counts of window `sequence` and the one
     /// before, in one look at the view: the other regions' imported counts, and this region's
-    /// count as the view knows it (what it published or was told, a floor for the origin).
+    /// published component (what the global table holds for it: a floor for the origin). Not
+    /// the view's regional count: an origin answer can carry a count the origin corrects later
+    /// (a rollback, an undone call), and raising the origin to it would count that again.
     pub fn imported(&self, key: WindowKeyRef<'_>, sequence: u64) -> ([u64; 2], [u64; 2]) {
         let view = self.view();
-        let counts = |seq| {
+        let cell = |seq| {
             view.get(key)
-                .and_then(|s| s.cell(seq).map(|c| c.counts()))
+                .and_then(|s| s.cell(seq).map(|c| (c.counts().global, c.last_flushed())))
                 .unwrap_or_default()
         };
-        let (cur, prev) = (counts(sequence), counts(sequence.saturating_sub(1)));
-        ([cur.global, prev.global], [cur.regional, prev.regional])
+        let (cur, prev) = (cell(sequence), cell(sequence.saturating_sub(1)));
+        ([cur.0, prev.0], [cur.1, prev.1])
     }
 
     /// Drops the view's entries whose cells expired (the global table expires their rows at

@@ -123,6 +123,8 @@ impl Limiter {
                     used: used_on(sequence, l.plan.sequence, l.plan.used),
                     want: l.plan.want,
                     release: l.plan.release,
+                    call: l.plan.call,
+                    undo_from: l.plan.undo_from,
                     global,
                     floor,
                 }

@@ -27,6 +27,10 @@ impl States for Locked<'_, '_> {
     fn same(&self, i: usize, j: usize) -> bool {
         self.keys.get(i) == self.keys.get(j)
     }
+    fn next_call(&mut self, i: usize) -> u64 {
+        let position = self.position.get(i).copied().unwrap_or(0);
+        self.tables.get_mut(position).map_or(0, |t| t.next_call())
+    }
 }
 
 impl Limiter {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use strata_core::ledger::{CellLedger, origin_check};
+use strata_core::ledger::{CellLedger, Counted, origin_check};
 use strata_core::{LimitCheck, WindowKey, decide_all, lease};
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome};
@@ -107,6 +107,7 @@ impl MemoryOrigin {
                 let sequence = l.key.duration().sequence(now_ms);
                 let current = ledger(&mut state, key, sequence, now_ms);
                 current.merge_own(instance, l.used[0]);
+                current.undo(instance, l.undo_from);
                 current.raise(l.floor[0]);
                 if l.release > 0 {
                     current.release(instance, l.release);
@@ -150,6 +151,14 @@ impl MemoryOrigin {
                     let holders = current.holders(instance, now_ms);
                     let grant = lease::grant(l.want, available, l.limit, holders);
                     (granted, lease_id) = current.lease(instance, grant, now_ms, until);
+                    current.record(
+                        instance,
+                        Counted {
+                            call: l.call,
+                            cost: l.cost,
+                            lease_id,
+                        },
+                    );
                 }
                 DecideOutcome {
                     decision: *decision,

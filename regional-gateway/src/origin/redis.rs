@@ -60,7 +60,7 @@ return tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
 /// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want, how
 /// long a lease is reserved (ms, on Redis's clock), dry (1: never count), current global,
 /// previous global, the id of the lease given back (0: none), this region's published counts
-/// of the current and previous cells.
+/// of the current and previous cells, undo from (0: nothing), this call's id (0: none).
 /// Returns {ok, current count, previous count, own count, lease, current reserved,
 /// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
 const DECIDE_LUA: &str = r#"
@@ -111,6 +111,22 @@ merge_own(KEYS[1], inst, tonumber(ARGV[6]))
 merge_own(KEYS[2], inst, tonumber(ARGV[7]))
 -- the lease the caller gives back: its count is merged, drop the reservation
 release(KEYS[3], inst, ARGV[13])
+-- calls whose answer the caller never got: it decided those requests itself, so what the last
+-- one counted here ('u:<instance>' = "<call>:<cost>:<lease id>") is taken back
+local undo_from = tonumber(ARGV[16])
+if undo_from > 0 then
+  local rec = redis.call('HGET', KEYS[1], 'u:' .. inst)
+  if rec then
+    local c1 = string.find(rec, ':', 1, true)
+    local c2 = string.find(rec, ':', c1 + 1, true)
+    if tonumber(string.sub(rec, 1, c1 - 1)) >= undo_from then
+      local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
+      if undone > 0 then redis.call('HINCRBY', KEYS[1], 'n', -undone) end
+      release(KEYS[3], inst, string.sub(rec, c2 + 1))
+      redis.call('HDEL', KEYS[1], 'u:' .. inst)
+    end
+  end
+end
 -- this region's published count is a floor: an origin that lost its data counts from it
 for i = 1, 2 do
   local floor = tonumber(ARGV[13 + i])
@@ -156,6 +172,9 @@ if ok == 1 and ARGV[10] ~= '1' then
     redis.call('HSET', KEYS[1], 'i:' .. inst, string.format('%d', lease_id))
     before = redis.call('HGET', KEYS[3], inst) or ''
     redis.call('HSET', KEYS[3], inst, string.format('%d:%d', ceiling, lease_id))
+  end
+  if ARGV[17] ~= '0' then
+    redis.call('HSET', KEYS[1], 'u:' .. inst, ARGV[17] .. ':' .. ARGV[2] .. ':' .. string.format('%d', lease_id))
   end
 end
 for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], d * 3, 'NX') end
@@ -229,9 +248,13 @@ type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String);
 /// Takes back one counted limit of a multi-limit request another limit denied: the cost, and
 /// the lease it granted (the record it replaced comes back), unless a newer grant replaced it.
 /// KEYS: the cell, its leases. ARGV: cost, instance, lease id granted (0: none), the record it
-/// replaced ('' if none).
+/// replaced ('' if none), the call's id (its record of what it counted goes too).
 const ROLLBACK_LUA: &str = r#"
 if tonumber(ARGV[1]) > 0 then redis.call('HINCRBY', KEYS[1], 'n', -tonumber(ARGV[1])) end
+local rec = redis.call('HGET', KEYS[1], 'u:' .. ARGV[2])
+if rec and string.sub(rec, 1, string.find(rec, ':', 1, true) - 1) == ARGV[5] then
+  redis.call('HDEL', KEYS[1], 'u:' .. ARGV[2])
+end
 if ARGV[3] == '0' then return 0 end
 local v = redis.call('HGET', KEYS[2], ARGV[2])
 if v and string.sub(v, string.find(v, ':', 1, true) + 1) == ARGV[3] then
@@ -302,6 +325,8 @@ impl RedisOrigin {
                 .arg(l.release)
                 .arg(l.floor[0])
                 .arg(l.floor[1])
+                .arg(l.undo_from)
+                .arg(l.call)
                 .invoke_async(&mut conn)
                 .await;
             let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {
@@ -398,7 +423,8 @@ impl RedisOrigin {
                 .arg(l.cost)
                 .arg(instance)
                 .arg(o.lease_id)
-                .arg(before);
+                .arg(before)
+                .arg(l.call);
             invocations.push(i);
             o.current = o.current.saturating_sub(l.cost);
             o.decision = o.decision.uncounted(l.cost);

@@ -14,15 +14,6 @@ use strata_core::table::LimitRequest;
 use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::config::Settings;
 
-/// Blocks Redis for `seconds` (from another connection, in the background).
-fn sleep_redis(redis: &RedisServer, seconds: &str) -> std::process::Child {
-    std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "DEBUG", "SLEEP", seconds])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     let redis = RedisServer::start();
@@ -48,7 +39,7 @@ async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     );
     // Redis stalls: cold requests time out (and fall back to local memory) until the breaker
     // opens on the failure ratio.
-    let mut stall = sleep_redis(&redis, "1.5");
+    let mut stall = redis.stall("1.5");
     tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     let mut cold = tokio::task::JoinSet::new();
     for n in 0..30 {
@@ -78,7 +69,7 @@ async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     // The cooldown passes; Redis stalls again, and the request that carries the half-open
     // probe is dropped by its client before the probe can report.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let mut stall = sleep_redis(&redis, "0.5");
+    let mut stall = redis.stall("0.5");
     tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     let hung_up = tokio::time::timeout(
         Duration::from_millis(20),

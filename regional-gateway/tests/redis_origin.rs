@@ -387,11 +387,7 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
         1,
         "local passes under the lease, not replayed yet"
     );
-    let mut stall = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "DEBUG", "SLEEP", "0.6"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut stall = redis.stall("0.6");
     tokio::time::sleep(Duration::from_millis(100)).await; // the stall has begun
     assert!(!limiter.replay_once().await, "timed out");
     stall.wait().unwrap();
@@ -442,11 +438,7 @@ async fn a_decision_whose_answer_was_lost_is_undone_by_the_next_call() {
     };
     // The decide script is loaded (a first call), so the stalled call is one command.
     assert!(decide(&g.gateway, "warm-up", 10).await);
-    let mut stall = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "DEBUG", "SLEEP", "0.5"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut stall = redis.stall("0.5");
     tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     assert!(
         decide(&g.gateway, "late", 10).await,

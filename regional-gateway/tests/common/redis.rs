@@ -126,6 +126,16 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Stalls the server for `seconds` (`DEBUG SLEEP`, from another connection, in the
+    /// background); wait on the child for the stall to end.
+    pub fn stall(&self, seconds: &str) -> Child {
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "DEBUG", "SLEEP", seconds])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e})"))
+    }
+
     /// Runs one command with `redis-cli` against this server; returns its output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

@@ -15,7 +15,6 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use strata_core::Decision;
 use strata_core::headers::{HeaderLimit, header_values};
-use strata_core::ledger::used_on;
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest,
     MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
@@ -24,7 +23,7 @@ use strata_core::wire::{
 use crate::Gateway;
 use crate::error::ApiError;
 use crate::metrics::Gauges;
-use crate::origin::{CellUsed, DecideLimit, OriginError};
+use crate::origin::{DecideLimit, OriginError};
 
 /// The gateway's routes over shared state.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -207,21 +206,12 @@ async fn origin_replay(
             ));
         }
     }
-    let cells: Vec<CellUsed<'_>> = events
-        .iter()
-        .map(|e| CellUsed {
-            key: e.cell.key,
-            sequence: e.cell.sequence,
-            used: e.used,
-            release: e.release,
-        })
-        .collect();
-    let after = gw.limiter.origin.replay(&req.instance, &cells, now).await?;
+    let after = gw.limiter.replay_refs(&req.instance, &events, now).await?;
     // A cell that failed alone fails the call: the others were merged, and merging them
     // again when the caller retries counts nothing twice.
     let mut counts = Vec::with_capacity(events.len());
-    for (e, regional) in events.iter().zip(after) {
-        let Some(regional) = regional else {
+    for (e, cell) in events.iter().zip(after) {
+        let Some(cell) = cell else {
             return Err(ApiError::Origin(OriginError::Backend(format!(
                 "the origin could not merge {}:{} sequence {}",
                 e.cell.key.namespace(),
@@ -229,8 +219,7 @@ async fn origin_replay(
                 e.cell.sequence
             ))));
         };
-        let global = &gw.limiter.global;
-        counts.push(global.record_cell(e.cell.key, e.cell.sequence, regional, Some(e.limit), now));
+        counts.push(cell);
     }
     Ok(Json(CellsResponse { cells: counts }))
 }
@@ -244,23 +233,7 @@ async fn origin_decide(
     let now = gw.limiter.clock.now_ms();
     let request: Vec<DecideLimit<'_>> = limits
         .iter()
-        .map(|l| {
-            let key = l.limit.key;
-            let sequence = key.duration().sequence(now);
-            let (global, floor) = gw.limiter.global.imported(key, sequence);
-            DecideLimit {
-                key,
-                limit: l.limit.limit,
-                cost: l.limit.cost,
-                used: used_on(sequence, l.sequence.unwrap_or(sequence), l.used),
-                want: l.want,
-                release: l.release,
-                call: l.call,
-                undo_from: l.undo_from,
-                global,
-                floor,
-            }
-        })
+        .map(|l| gw.limiter.origin_limit(l, now))
         .collect();
     let answer = gw
         .limiter

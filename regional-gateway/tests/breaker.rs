@@ -8,21 +8,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
-use common::with_settings;
 use serde_json::json;
 use strata_core::table::LimitRequest;
 use strata_core::{WindowDuration, WindowKeyRef};
-use strata_gateway::config::Settings;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     let redis = RedisServer::start();
-    let g = with_settings(Settings {
-        redis_url: Some(redis.url()),
-        origin_timeout: Duration::from_millis(100),
-        ..Settings::default()
-    })
-    .await;
+    let g = common::on_redis(&redis, Duration::from_millis(100)).await;
     let request =
         |id: String| json!({"namespace":"api","identifier":id,"limit":10,"duration":60_000});
     let mut first = Vec::new();

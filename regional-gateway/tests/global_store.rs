@@ -14,13 +14,15 @@ use strata_core::gcounter::{FlushRow, sort_flush_rows};
 use strata_core::{Region, WindowDuration, WindowKey};
 use strata_gateway::global::{Store, StoreError};
 
-const MARIADB: &str = "mysql://root@127.0.0.1:3306";
+mod common;
+use common::mariadb::SharedDatabase;
+
 const NOW: u64 = 1_700_000_000_000;
 
 /// A store on a fresh database, and what to drop afterwards.
 struct Fresh {
     store: Store,
-    drop_db: Option<String>,
+    drop_db: Option<SharedDatabase>,
 }
 
 impl Fresh {
@@ -43,27 +45,17 @@ impl Fresh {
 
     async fn mariadb() -> Self {
         let name = format!("strata_test_{}_{}", std::process::id(), rand_suffix());
-        let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap_or_else(|e| {
-            panic!("MariaDB is not reachable at {MARIADB} ({e}); ./scripts/test.sh starts it")
-        });
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let store = Store::connect(&format!("{MARIADB}/{name}"), Duration::from_secs(5)).unwrap();
+        let db = SharedDatabase::create(&name).await;
+        let store = Store::connect(&db.url(), Duration::from_secs(5)).unwrap();
         Self {
             store,
-            drop_db: Some(name),
+            drop_db: Some(db),
         }
     }
 
     async fn done(self) {
-        if let Some(name) = self.drop_db {
-            let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap();
-            sqlx::query(&format!("DROP DATABASE {name}"))
-                .execute(&admin)
-                .await
-                .unwrap();
+        if let Some(db) = self.drop_db {
+            db.drop().await;
         }
     }
 }

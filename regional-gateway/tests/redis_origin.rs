@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use common::redis::RedisServer;
-use common::{T0, TestGateway, with_settings};
+use common::{T0, TestGateway};
 use strata_core::table::LimitRequest;
 use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::Gateway;
-use strata_gateway::config::Settings;
 use strata_gateway::metrics::Source;
 use strata_gateway::origin::CellUsed;
 use strata_gateway::origin::redis::cell_key;
@@ -35,12 +34,7 @@ fn key(identifier: &str) -> WindowKeyRef<'_> {
 }
 
 async fn on_redis(redis: &RedisServer) -> TestGateway {
-    with_settings(Settings {
-        redis_url: Some(redis.url()),
-        origin_timeout: Duration::from_millis(250),
-        ..Settings::default()
-    })
-    .await
+    common::on_redis(redis, Duration::from_millis(250)).await
 }
 
 async fn decide(g: &Arc<Gateway>, identifier: &str, limit: u64) -> bool {
@@ -421,12 +415,7 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_whose_answer_was_lost_is_undone_by_the_next_call() {
     let redis = RedisServer::start();
-    let g = with_settings(Settings {
-        redis_url: Some(redis.url()),
-        origin_timeout: Duration::from_millis(100),
-        ..Settings::default()
-    })
-    .await;
+    let g = common::on_redis(&redis, Duration::from_millis(100)).await;
     let limiter = &g.gateway.limiter;
     let seq = T0 / 60_000;
     let count = || async {

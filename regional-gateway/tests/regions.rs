@@ -13,12 +13,11 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
+use common::mariadb::SharedDatabase;
 use common::{T0, TestGateway, temp_database, with_settings};
 use strata_core::table::LimitRequest;
 use strata_core::{Region, WindowDuration, WindowKeyRef};
 use strata_gateway::config::Settings;
-
-const MARIADB: &str = "mysql://root@127.0.0.1:3306";
 
 async fn region(name: &str, database_url: &str) -> TestGateway {
     with_settings(Settings {
@@ -172,23 +171,9 @@ async fn two_regions_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_regions_on_mariadb() {
-    let name = format!("strata_regions_{}", std::process::id());
-    let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap_or_else(|e| {
-        panic!("MariaDB is not reachable at {MARIADB} ({e}); ./scripts/test.sh starts it")
-    });
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    two_regions_share_usage(&format!("{MARIADB}/{name}")).await;
-    sqlx::query(&format!("DROP DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let db = SharedDatabase::create(&format!("strata_regions_{}", std::process::id())).await;
+    two_regions_share_usage(&db.url()).await;
+    db.drop().await;
 }
 
 /// A region's Redis loses its data (FLUSHDB) after the region published: a gateway of that

@@ -100,19 +100,11 @@ async fn serves_and_replays_in_the_background() {
         assert_eq!(decide(base, "e2e").await["success"], true);
     }
     let http = reqwest::Client::new();
-    let metrics_url = format!("{base}/metrics");
     eventually(
         "the 5 accepted requests reach the origin",
         Duration::from_secs(5),
         async || {
-            let text = http
-                .get(&metrics_url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = common::metrics(&http, base).await;
             text.contains("strata_replay_queue_cells 0")
                 && s.gateway.limiter.metrics.origin_calls("replay") > 0
         },

@@ -9,12 +9,11 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::mariadb::SharedDatabase;
 use common::process::GatewayProcess;
 use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 use strata_gateway::global::{SCHEMA_VERSION, Store};
-
-const MARIADB: &str = "mysql://root@127.0.0.1:3306";
 
 /// Runs `strata-gateway <args>`: exit success, stdout, stderr.
 fn gateway(args: &[&str]) -> (bool, String, String) {
@@ -95,19 +94,9 @@ async fn migrate_and_cleanup_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_and_cleanup_on_mariadb() {
-    let name = unique("strata_subcommands");
-    let admin = sqlx::MySqlPool::connect(MARIADB).await.unwrap_or_else(|e| {
-        panic!("MariaDB is not reachable at {MARIADB} ({e}); ./scripts/test.sh starts it")
-    });
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    operator_tasks(&format!("{MARIADB}/{name}"), "mysql").await;
-    sqlx::query(&format!("DROP DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let db = SharedDatabase::create(&unique("strata_subcommands")).await;
+    operator_tasks(&db.url(), "mysql").await;
+    db.drop().await;
 }
 
 /// The global table is unreachable at start-up: the gateway starts, decides, and its flush and
@@ -143,22 +132,10 @@ async fn a_gateway_starts_and_decides_while_its_database_is_down() {
     // Each attempt waits out the pool's 2 s acquire timeout against the refused port.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let metrics = http
-            .get(format!("{}/metrics", g.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let errors: f64 = metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with("strata_global_sync_errors_total")
-                    || l.starts_with("strata_global_write_errors_total")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let errors = common::metric_sum(&common::metrics(&http, &g.base).await, |l| {
+            l.starts_with("strata_global_sync_errors_total")
+                || l.starts_with("strata_global_write_errors_total")
+        });
         if errors >= 2.0 {
             break;
         }

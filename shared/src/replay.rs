@@ -34,6 +34,21 @@ pub struct ReplayEvent {
     pub release: u64,
 }
 
+impl ReplayEvent {
+    /// The event as an origin takes it: what a validated `/v1/origin/replay` event holds.
+    pub fn replay_ref(&self) -> wire::ReplayRef<'_> {
+        wire::ReplayRef {
+            cell: wire::CellRef {
+                key: self.key.as_ref(),
+                sequence: self.sequence,
+            },
+            used: self.used,
+            limit: self.limit,
+            release: self.release,
+        }
+    }
+}
+
 /// Cells to replay in one call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayBatch {

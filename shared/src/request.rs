@@ -47,6 +47,20 @@ impl CallLimit {
             cost: self.cost,
         }
     }
+
+    /// The limit as an origin takes it: what a validated `/v1/origin/decide` limit holds, so
+    /// an origin in the same process decides a call exactly as one it received.
+    pub fn decide_ref(&self) -> wire::DecideRef<'_> {
+        wire::DecideRef {
+            limit: self.request(),
+            sequence: Some(self.plan.sequence),
+            used: self.plan.used,
+            want: self.plan.want,
+            release: self.plan.release,
+            call: self.plan.call,
+            undo_from: self.plan.undo_from,
+        }
+    }
 }
 
 /// A decision to make at the origin: every limit of the request, all or nothing.

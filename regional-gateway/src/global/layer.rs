@@ -44,6 +44,23 @@ pub struct Global {
     breaker: crate::breaker::Breaker,
 }
 
+/// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
+/// counts as the gateway answers them (regional never below the view's, the imported global).
+fn answered(state: &mut strata_core::WindowState, sequence: u64, regional: u64) -> Counts {
+    state.merge_counts(
+        sequence,
+        Counts {
+            regional,
+            global: 0,
+        },
+    );
+    let imported = state.cell(sequence).map(|c| c.counts()).unwrap_or_default();
+    Counts {
+        regional: regional.max(imported.regional),
+        global: imported.global,
+    }
+}
+
 impl Global {
     /// A layer over `store` for `region`, holding at most `capacity` window keys in its view.
     pub fn new(store: Store, region: Region, policy: PublishPolicy, capacity: usize) -> Self {
@@ -98,26 +115,16 @@ impl Global {
         now_ms: u64,
     ) -> Counts {
         let mut view = self.view();
-        // One lookup: the entry, rolled to now, takes the answer and the limit.
         let state = view.entry(key, now_ms);
         state.roll(key.duration(), now_ms);
-        let answered = Counts {
-            regional,
-            global: 0,
-        };
-        state.merge_counts(sequence, answered);
         if let Some(limit) = limit {
             state.observe_limit(limit);
         }
-        let imported = state.cell(sequence).map(|c| c.counts()).unwrap_or_default();
-        Counts {
-            regional: regional.max(imported.regional),
-            global: imported.global,
-        }
+        answered(state, sequence, regional)
     }
 
-    /// [`record_cell`](Self::record_cell) for both cells of an origin decision: the current
-    /// one `sequence` (with the request's limit) and the one before.
+    /// [`record_cell`](Self::record_cell) for both cells of an origin decision, in one lookup:
+    /// the current one `sequence` (with the request's limit) and the one before.
     pub fn record(
         &self,
         key: WindowKeyRef<'_>,
@@ -126,9 +133,13 @@ impl Global {
         limit: u64,
         now_ms: u64,
     ) -> (Counts, Counts) {
+        let mut view = self.view();
+        let state = view.entry(key, now_ms);
+        state.roll(key.duration(), now_ms);
+        state.observe_limit(limit);
         (
-            self.record_cell(key, sequence, regional[0], Some(limit), now_ms),
-            self.record_cell(key, sequence.saturating_sub(1), regional[1], None, now_ms),
+            answered(state, sequence, regional[0]),
+            answered(state, sequence.saturating_sub(1), regional[1]),
         )
     }
 

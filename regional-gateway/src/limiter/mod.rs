@@ -8,15 +8,16 @@ mod multi;
 use std::sync::Arc;
 
 use strata_core::ledger::used_on;
-use strata_core::request::{FailureMode, OriginCall};
+use strata_core::replay::ReplayEvent;
+use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
-use strata_core::wire::{DecideResponse, DecideResult};
-use strata_core::{Decision, MultiDecision, OriginAnswer, WindowKeyRef};
+use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayRef};
+use strata_core::{Counts, Decision, MultiDecision, OriginAnswer, WindowKeyRef};
 
 use crate::clock::Clock;
 use crate::local::LocalTables;
 use crate::metrics::{Metrics, Source};
-use crate::origin::{DecideAnswer, DecideLimit, OriginClient, OriginError};
+use crate::origin::{CellUsed, DecideAnswer, DecideLimit, OriginClient, OriginError};
 
 /// Local tables and origin, and the decision flow over them.
 #[derive(Debug)]
@@ -37,9 +38,8 @@ pub struct Limiter {
 }
 
 /// The only decision of a one-limit request (a denial if the core answered none).
-fn only(multi: Option<MultiDecision>, limit: &LimitRequest<'_>) -> Decision {
-    let first = multi.and_then(|m| m.decisions.first().copied());
-    first.unwrap_or(Decision {
+fn only(multi: &MultiDecision, limit: &LimitRequest<'_>) -> Decision {
+    multi.decisions.first().copied().unwrap_or(Decision {
         success: false,
         limit: limit.limit,
         remaining: 0,
@@ -82,22 +82,10 @@ impl Limiter {
                 d
             }
             Step::Origin(plan) => {
-                let call = OriginCall::single(limit, plan);
-                let (multi, source) = match self.ask_origin(&call).await {
-                    Ok(answers) => {
-                        let now = self.clock.now_ms();
-                        (
-                            self.local.lock(key).finish(&call, &answers, now),
-                            Source::Origin,
-                        )
-                    }
-                    Err(_) => {
-                        let now = self.clock.now_ms();
-                        let failed = self.local.lock(key).fail(&call, FailureMode::Local, now);
-                        (failed, Source::Fallback)
-                    }
-                };
-                let d = only(multi.ok(), &limit);
+                let (multi, source) = self
+                    .decide_at_origin(&OriginCall::single(limit, plan))
+                    .await;
+                let d = only(&multi, &limit);
                 self.metrics.decision(source, d.success);
                 d
             }
@@ -112,28 +100,33 @@ impl Limiter {
         let limits: Vec<DecideLimit<'_>> = call
             .limits()
             .iter()
-            .map(|l| {
-                let key = l.key.as_ref();
-                let sequence = key.duration().sequence(now);
-                let (global, floor) = self.global.imported(key, sequence);
-                DecideLimit {
-                    key,
-                    limit: l.limit,
-                    cost: l.cost,
-                    used: used_on(sequence, l.plan.sequence, l.plan.used),
-                    want: l.plan.want,
-                    release: l.plan.release,
-                    call: l.plan.call,
-                    undo_from: l.plan.undo_from,
-                    global,
-                    floor,
-                }
-            })
+            .map(|l| self.origin_limit(&l.decide_ref(), now))
             .collect();
         let answer = self.origin.decide(&self.instance, &limits, now).await?;
         let response = self.respond(&limits, &answer);
         call.answers(&response)
             .map_err(|e| OriginError::Rejected(e.to_string()))
+    }
+
+    /// One limit as this gateway's origin decides it, from this process's own call or an
+    /// edge's: the caller's own counts mapped onto the origin's cells, and the region view's
+    /// imported counts.
+    pub fn origin_limit<'a>(&self, r: &DecideRef<'a>, now_ms: u64) -> DecideLimit<'a> {
+        let key = r.limit.key;
+        let sequence = key.duration().sequence(now_ms);
+        let (global, floor) = self.global.imported(key, sequence);
+        DecideLimit {
+            key,
+            limit: r.limit.limit,
+            cost: r.limit.cost,
+            used: used_on(sequence, r.sequence.unwrap_or(sequence), r.used),
+            want: r.want,
+            release: r.release,
+            call: r.call,
+            undo_from: r.undo_from,
+            global,
+            floor,
+        }
     }
 
     /// An origin decision as `/v1/origin/decide` answers it: recorded in the region's view
@@ -175,33 +168,18 @@ impl Limiter {
     /// Sends one replay batch (up to `MAX_BATCH` cells). Returns false if it failed; the
     /// counts stay in the tables and the next batch carries them.
     pub async fn replay_once(&self) -> bool {
-        let batch = self
-            .local
-            .take_replay(strata_core::wire::MAX_BATCH, self.clock.now_ms());
+        let now = self.clock.now_ms();
+        let batch = self.local.take_replay(strata_core::wire::MAX_BATCH, now);
         if batch.is_empty() {
             return true;
         }
-        let cells: Vec<crate::origin::CellUsed<'_>> = batch
-            .events
-            .iter()
-            .map(|e| crate::origin::CellUsed {
-                key: e.key.as_ref(),
-                sequence: e.sequence,
-                used: e.used,
-                release: e.release,
-            })
-            .collect();
-        let now = self.clock.now_ms();
-        match self.origin.replay(&self.instance, &cells, now).await {
+        let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
+        match self.replay_refs(&self.instance, &refs, now).await {
             Ok(counts) => {
                 let mut delivered = 0;
-                for (e, count) in batch.events.iter().zip(counts) {
-                    let Some(regional) = count else { continue };
-                    let key = e.key.as_ref();
-                    let counts =
-                        self.global
-                            .record_cell(key, e.sequence, regional, Some(e.limit), now);
-                    self.local.lock(key).ack_one(e, counts);
+                for (e, counts) in batch.events.iter().zip(counts) {
+                    let Some(counts) = counts else { continue };
+                    self.local.lock(e.key.as_ref()).ack_one(e, counts);
                     delivered += 1;
                 }
                 self.metrics.replayed(delivered);
@@ -213,6 +191,35 @@ impl Limiter {
                 false
             }
         }
+    }
+
+    /// Merges `instance`'s replayed own counts at the origin and records each cell's answer in
+    /// the region view (with the limit it was admitted under); returns the counts as the
+    /// gateway answers them, `None` for a cell that failed alone.
+    pub async fn replay_refs(
+        &self,
+        instance: &str,
+        events: &[ReplayRef<'_>],
+        now_ms: u64,
+    ) -> Result<Vec<Option<Counts>>, OriginError> {
+        let cells: Vec<CellUsed<'_>> = events
+            .iter()
+            .map(|e| CellUsed {
+                key: e.cell.key,
+                sequence: e.cell.sequence,
+                used: e.used,
+                release: e.release,
+            })
+            .collect();
+        let after = self.origin.replay(instance, &cells, now_ms).await?;
+        Ok(events
+            .iter()
+            .zip(after)
+            .map(|(e, regional)| {
+                let (key, seq) = (e.cell.key, e.cell.sequence);
+                regional.map(|r| self.global.record_cell(key, seq, r, Some(e.limit), now_ms))
+            })
+            .collect())
     }
 
     /// Cells whose own count the origin has not acknowledged yet.

@@ -51,7 +51,7 @@ impl Limiter {
         let begun = request::begin(&mut self.locked(keys(limits), now), limits, now);
         let (multi, source) = match begun {
             Begin::Decided(multi) => (multi, Source::Local),
-            Begin::Call(call) => self.decide_all_at_origin(&call).await,
+            Begin::Call(call) => self.decide_at_origin(&call).await,
         };
         for d in &multi.decisions {
             self.metrics.decision(source, multi.success && d.success);
@@ -59,7 +59,9 @@ impl Limiter {
         multi
     }
 
-    async fn decide_all_at_origin(&self, call: &OriginCall) -> (MultiDecision, Source) {
+    /// Decides `call` at the origin and merges the answers into the shards of its limits, or,
+    /// if the origin cannot decide, decides them per the failure mode.
+    pub(super) async fn decide_at_origin(&self, call: &OriginCall) -> (MultiDecision, Source) {
         let answers = self.ask_origin(call).await;
         let now = self.clock.now_ms();
         let keys: Vec<WindowKeyRef<'_>> = call.limits().iter().map(|l| l.key.as_ref()).collect();

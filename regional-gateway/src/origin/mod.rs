@@ -256,30 +256,11 @@ impl OriginClient {
         limits: &[DecideLimit<'_>],
         now_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
-        self.decide_within(instance, limits, now_ms, self.timeout)
-            .await
-    }
-
-    /// [`decide`](Self::decide) bounded by what is left of a request's budget (a request that
-    /// already waited for a read must not wait a full timeout again).
-    pub async fn decide_within(
-        &self,
-        instance: &str,
-        limits: &[DecideLimit<'_>],
-        now_ms: u64,
-        budget: Duration,
-    ) -> Result<DecideAnswer, OriginError> {
-        self.call_within(
+        self.call(
             "decide",
-            budget.min(self.timeout),
             self.origin.decide(instance, limits, now_ms, self.lease_ms),
         )
         .await
-    }
-
-    /// The origin timeout.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// Drops expired cells held in process memory (the embedded origin); Redis expires its own.
@@ -298,20 +279,14 @@ impl OriginClient {
         }
     }
 
+    /// One origin call: refused fast while the breaker is open, bounded by the timeout,
+    /// recorded in the breaker and the metrics.
     async fn call<T>(
         &self,
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, OriginError>>,
     ) -> Result<T, OriginError> {
-        self.call_within(op, self.timeout, fut).await
-    }
-
-    async fn call_within<T>(
-        &self,
-        op: &'static str,
-        timeout: Duration,
-        fut: impl std::future::Future<Output = Result<T, OriginError>>,
-    ) -> Result<T, OriginError> {
+        let timeout = self.timeout;
         let started = Instant::now();
         if !self.breaker.allow(started) {
             self.metrics

@@ -107,3 +107,45 @@ impl Drop for MariaDbServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The shared MariaDB the test command starts (root, no password): tests make databases of
+/// their own on it and drop them, never touching another's.
+pub const SHARED: &str = "mysql://root@127.0.0.1:3306";
+
+/// A database of one test's own on the shared server.
+pub struct SharedDatabase {
+    pub name: String,
+}
+
+async fn admin() -> sqlx::MySqlPool {
+    sqlx::MySqlPool::connect(SHARED).await.unwrap_or_else(|e| {
+        panic!("MariaDB is not reachable at {SHARED} ({e}); ./scripts/test.sh starts it")
+    })
+}
+
+impl SharedDatabase {
+    /// Creates `name` afresh (dropping a leftover of an interrupted run).
+    pub async fn create(name: &str) -> Self {
+        let admin = admin().await;
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            sqlx::query(&sql).execute(&admin).await.unwrap();
+        }
+        Self {
+            name: name.to_string(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("{SHARED}/{}", self.name)
+    }
+
+    pub async fn drop(self) {
+        sqlx::query(&format!("DROP DATABASE {}", self.name))
+            .execute(&admin().await)
+            .await
+            .unwrap();
+    }
+}

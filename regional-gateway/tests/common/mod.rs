@@ -164,3 +164,32 @@ impl TestGateway {
         )
     }
 }
+
+/// `GET <base>/metrics`: the Prometheus text of a gateway listening on a socket.
+pub async fn metrics(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of the values of the metric lines `select` picks.
+pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && select(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A gateway on `redis` whose origin calls time out after `origin_timeout`.
+pub async fn on_redis(redis: &RedisServer, origin_timeout: std::time::Duration) -> TestGateway {
+    with_settings(Settings {
+        redis_url: Some(redis.url()),
+        origin_timeout,
+        ..Settings::default()
+    })
+    .await
+}

@@ -89,6 +89,15 @@ ensure_mariadb() {
   echo "mariadb: $(mysqladmin -uroot -h127.0.0.1 version 2>/dev/null | awk '/Server version/ {print $3}')"
 }
 
+ensure_faketime() {
+  # A process test runs one gateway with its clock shifted by libfaketime (LD_PRELOAD).
+  if ! dpkg -s libfaketime >/dev/null 2>&1; then
+    echo "installing libfaketime"
+    apt_install libfaketime || return 1
+  fi
+  echo "libfaketime: $(dpkg-query -W -f='${Version}' libfaketime)"
+}
+
 no_std_builds() {
   # Default features off is the no_std build; the Wasm targets are what the edge shells use.
   for target in "${WASM_TARGETS[@]}"; do
@@ -99,6 +108,7 @@ no_std_builds() {
 step "install missing tools (Rust targets, components)" install_toolchain_parts
 step "install and start services (Redis)" ensure_redis
 step "install and start services (MariaDB)" ensure_mariadb
+step "install libfaketime (clock skew between gateway processes)" ensure_faketime
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (unit, reference cases, properties, accuracy sweep)" \

@@ -74,32 +74,11 @@ async fn admit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64)
         .unwrap_or_else(|| panic!("{base}: no success in {answer}"))
 }
 
-/// The gateway's origin decide calls so far (all results), from `/metrics`. If there is no
-/// such counter, prints the lines about the origin once, so the name can be seen.
-async fn origin_decides(http: &reqwest::Client, base: &str, shown: &mut bool) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("strata_origin_calls_total") && l.contains("op=\"decide\""))
-        .collect();
-    if lines.is_empty() && !*shown {
-        *shown = true;
-        println!("no strata_origin_calls_total{{op=\"decide\"}} in /metrics; the origin lines:");
-        for line in text.lines().filter(|l| l.contains("origin")) {
-            println!("  {line}");
-        }
-    }
-    lines
-        .iter()
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// The gateway's origin decide calls so far (all results), from `/metrics`.
+async fn origin_decides(http: &reqwest::Client, base: &str) -> f64 {
+    common::metric_sum(&common::metrics(http, base).await, |l| {
+        l.starts_with("strata_origin_calls_total") && l.contains("op=\"decide\"")
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,13 +99,12 @@ async fn five_gateways_hold_a_burst_of_twenty_times_the_limit() {
         admit(http, base, &fresh(&format!("warm-{i}")), 1_000).await;
     }
     let metrics = client();
-    let mut shown = false;
     let mut runs = Vec::new();
     for rep in 0..REPETITIONS {
         let identifier = fresh(&format!("burst-{rep}"));
         let mut before = 0.0;
         for g in &gateways {
-            before += origin_decides(&metrics, &g.base, &mut shown).await;
+            before += origin_decides(&metrics, &g.base).await;
         }
         let start = Arc::new(Barrier::new(connections.len()));
         let tasks: Vec<_> = connections
@@ -150,7 +128,7 @@ async fn five_gateways_hold_a_burst_of_twenty_times_the_limit() {
         }
         let mut after = 0.0;
         for g in &gateways {
-            after += origin_decides(&metrics, &g.base, &mut shown).await;
+            after += origin_decides(&metrics, &g.base).await;
         }
         let per_1000 = (after - before) * 1_000.0 / requests as f64;
         println!(
@@ -242,4 +220,82 @@ async fn a_lone_client_gets_its_whole_budget_while_other_gateways_idle() {
         Some(LIMIT as usize),
         "a denial before the {LIMIT}th admission"
     );
+}
+
+/// Where Debian's libfaketime puts the preload library (the test command installs it).
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Two gateway processes whose clocks disagree by 7 s (one runs under libfaketime) admit
+/// exactly the limit: Redis keeps leases on its own clock, so the gateway ahead still counts
+/// the lease the one behind holds (on the callers' clocks it would see it as expired while it
+/// is in use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_whose_clocks_disagree_by_seconds_admit_the_limit() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing; ./scripts/test.sh installs libfaketime"
+    );
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = ["--redis-url", url.as_str()];
+    let mut behind = Gateway::start(&args);
+    let skew = [
+        ("LD_PRELOAD", FAKETIME),
+        ("FAKETIME", "+7s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let mut ahead = Gateway::start_with_env(&args, &skew);
+    let http = client();
+    behind.ready(&http).await;
+    ahead.ready(&http).await;
+    // The skew is real: a cell 5 s ahead of the true time (one-second windows) is more than a
+    // window ahead of the gateway behind, and within one of the gateway ahead.
+    let now_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let replay = json!({"instance":"probe","events":[{"namespace":"skew","identifier":"probe","duration":1_000,"sequence":now_s + 6,"used":1,"limit":10}]});
+    let status = |base: String| {
+        let (http, replay) = (http.clone(), replay.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/origin/replay"))
+                .json(&replay)
+                .send();
+            r.await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(
+        status(behind.base.clone()).await,
+        400,
+        "behind: too far ahead"
+    );
+    assert_eq!(
+        status(ahead.base.clone()).await,
+        200,
+        "ahead: its clock is 7 s on"
+    );
+
+    const MONTH_MS: u64 = 2_592_000_000;
+    let id = fresh("skewed");
+    let body = json!({"namespace":"api","identifier":id,"limit":100,"duration":MONTH_MS});
+    let admit = |base: String| {
+        let (http, body) = (http.clone(), body.clone());
+        async move {
+            let r = http.post(format!("{base}/v1/ratelimit")).json(&body).send();
+            let answer: Value = r.await.unwrap().json().await.unwrap();
+            u64::from(answer["success"] == true)
+        }
+    };
+    // The gateway behind takes a lease on the fresh key; the one ahead spends what is left;
+    // then the one behind spends its lease.
+    let mut admitted = admit(behind.base.clone()).await;
+    for _ in 0..200 {
+        admitted += admit(ahead.base.clone()).await;
+    }
+    for _ in 0..200 {
+        admitted += admit(behind.base.clone()).await;
+    }
+    println!("clocks 7 s apart, 2 gateway processes: admitted {admitted} of 401 (limit 100)");
+    assert_eq!(admitted, 100);
 }

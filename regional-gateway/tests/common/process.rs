@@ -28,6 +28,11 @@ impl GatewayProcess {
     /// Spawns a gateway on a free port with `args` (a `--data-dir` among them, or one of its
     /// own is added).
     pub fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`start`](Self::start) with `env` set for the process.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let port = super::free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
         for (key, _) in std::env::vars_os() {
@@ -44,6 +49,7 @@ impl GatewayProcess {
             command.arg("--data-dir").arg(&dir);
             dir
         });
+        command.envs(env.iter().copied());
         let child = command
             .env("STRATA_LOG", "warn")
             .stdout(Stdio::null())

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command. Installs what is missing (idempotent: present tools are left alone),
-# then runs formatting, lints, every test, and the no_std Wasm builds of strata-core.
+# then runs formatting, lints, every test (native; the edge under Node and in workerd), the edge
+# bundle build, and the no_std Wasm builds of strata-core.
 # Prints a summary of every step; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +99,53 @@ ensure_faketime() {
   echo "libfaketime: $(dpkg-query -W -f='${Version}' libfaketime)"
 }
 
+wasm_bindgen_version() {
+  # The version Cargo.lock pins: the CLI that writes the glue must match it exactly.
+  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+}
+
+ensure_wasm_bindgen_cli() {
+  local want have
+  want=$(wasm_bindgen_version)
+  [ -n "$want" ] || { echo "no wasm-bindgen in Cargo.lock" >&2; return 1; }
+  have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')
+  if [ "$have" != "$want" ]; then
+    # About 10 minutes on 2 cores, once. `--locked` fails here (a locked dependency is gone).
+    echo "installing wasm-bindgen-cli $want (found: ${have:-none})"
+    cargo install wasm-bindgen-cli --version "$want" --force || return 1
+  fi
+  echo "wasm-bindgen: $(wasm-bindgen --version); $(wasm-bindgen-test-runner --version 2>/dev/null || echo 'test runner present')"
+}
+
+ensure_js_runtimes() {
+  # npm, pinned exactly in wasm-tests/package.json (workerd, and wrangler for the README's
+  # `wrangler dev --local`); skipped when every pinned version is installed.
+  local stale
+  stale=$(cd wasm-tests && node -e '
+    const deps = require("./package.json").dependencies;
+    for (const [name, want] of Object.entries(deps)) {
+      let have = "";
+      try { have = require(`./node_modules/${name}/package.json`).version; } catch {}
+      if (have !== want) console.log(`${name} ${want} (found: ${have || "none"})`);
+    }') || return 1
+  if [ -n "$stale" ]; then
+    echo "installing: $stale"
+    (cd wasm-tests && npm install --no-package-lock --no-audit --no-fund) || return 1
+  fi
+  echo "workerd: $(wasm-tests/node_modules/.bin/workerd --version); wrangler: $(node -p 'require("./wasm-tests/node_modules/wrangler/package.json").version')"
+}
+
+wasm_clippy() {
+  # The Wasm crates as they are built for their target (the workspace run is native).
+  cargo clippy -p strata-edge --target wasm32-unknown-unknown -- -D warnings &&
+    cargo clippy -p strata-wasm-tests --target wasm32-unknown-unknown --tests -- -D warnings
+}
+
+wasm_bindgen_tests() {
+  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+    cargo test -p strata-wasm-tests --target wasm32-unknown-unknown
+}
+
 no_std_builds() {
   # Default features off is the no_std build; the Wasm targets are what the edge shells use.
   for target in "${WASM_TARGETS[@]}"; do
@@ -109,9 +157,14 @@ step "install missing tools (Rust targets, components)" install_toolchain_parts
 step "install and start services (Redis)" ensure_redis
 step "install and start services (MariaDB)" ensure_mariadb
 step "install libfaketime (clock skew between gateway processes)" ensure_faketime
+step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindgen_cli
+step "install workerd and wrangler (npm, pinned)" ensure_js_runtimes
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
-step "cargo test (unit, reference cases, properties, accuracy sweep)" \
+step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
+step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
+step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
+step "cargo test (unit, properties, gateway and edge processes: Redis, MariaDB, workerd)" \
   cargo test --workspace -- --nocapture --test-threads 2
 step "no_std builds of strata-core for ${WASM_TARGETS[*]}" no_std_builds
 step "README examples, run as written (scripts/readme-examples.sh)" ./scripts/readme-examples.sh

@@ -20,6 +20,8 @@
 //! | [`replay`] | the replay buffer: own cumulative counts, delivered safely twice |
 //! | [`table`] | the bounded single-threaded table of a process, and its decision API |
 //! | [`slab`] | the table's storage: slots, hash index, CLOCK eviction |
+//! | [`rules`] | the rule model of the Wasm shells: match a request, build its identifier |
+//! | [`gate`] | a Wasm shell's request path: rules → limits → origin calls → the reply |
 //! | [`gcounter`] | the global G-Counter, own/foreign imports and the publish policy |
 //! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
 //! | [`wire`] | the JSON types of gateway API v1 and their validation |
@@ -93,6 +95,7 @@ extern crate alloc;
 
 pub mod cell;
 pub mod decision;
+pub mod gate;
 pub mod gcounter;
 pub mod headers;
 pub mod identity;
@@ -102,6 +105,7 @@ pub mod origin;
 pub mod policy;
 pub mod replay;
 pub mod request;
+pub mod rules;
 pub mod slab;
 pub mod table;
 pub mod window;

@@ -36,6 +36,11 @@ pub enum Backend {
 }
 
 /// A loopback port nothing listens on right now.
+/// The built `strata-gateway` binary.
+pub fn gateway_binary() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_strata-gateway"))
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -1,4 +1,5 @@
-//! Real `strata-gateway` processes started from the built binary, for claims about several
+//! Real `strata-gateway` processes started from the built binary (`super::gateway_binary()`;
+//! `wasm-tests` includes this file too), for claims about several
 //! processes: the defaults a user would run (no `STRATA_*` setting leaks in from this
 //! environment), a free loopback port, and a data dir of its own unless one is given.
 
@@ -34,7 +35,7 @@ impl GatewayProcess {
     /// [`start`](Self::start) with `env` set for the process.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let port = super::free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
+        let mut command = Command::new(super::gateway_binary());
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("STRATA_") {
                 command.env_remove(key);

@@ -1,0 +1,66 @@
+//! A Wasm shell's warm request, natively: the rules applied to a request, its limit decided
+//! from a lease, and the reply's headers built (`Gate::start` + `Pending::reply`), the work the
+//! edge's Wasm module does per request besides moving strings across the JavaScript boundary.
+//! Run: `cargo bench -p strata-core --bench gate`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: a panic is the report
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use strata_core::gate::{Gate, GateOptions};
+use strata_core::rules::RequestView;
+use strata_core::wire::MAX_COUNT;
+use strata_core::{CounterTable, TableConfig, WindowDuration, WindowKeyRef};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+const NOW_MS: u64 = 1_700_000_000_000;
+
+struct Req;
+
+impl RequestView for Req {
+    fn method(&self) -> &str {
+        "GET"
+    }
+    fn host(&self) -> &str {
+        "example.com"
+    }
+    fn path(&self) -> &str {
+        "/api/items"
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        match name {
+            "x-api-key" => Some("warm-key"),
+            "accept" => Some("*/*"),
+            _ => None,
+        }
+    }
+    fn peer_address(&self) -> Option<&str> {
+        None
+    }
+}
+
+fn gate_request(c: &mut Criterion) {
+    let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000000,
+        "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
+        "descriptor_key": "key"}}]}]}"#;
+    let gate = Gate::from_json("edge", rules, "").unwrap();
+    let mut table = CounterTable::new(TableConfig::default(), 0x5eed);
+    let hour = WindowDuration::from_ms(3_600_000).unwrap();
+    let key = WindowKeyRef::new("edge", "bench", "key=warm-key", hour).unwrap();
+    support::warm(&mut table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
+    let options = GateOptions::default();
+    c.bench_function("gate/warm_request_start_and_reply", |b| {
+        b.iter(|| {
+            let pending = gate.start(&mut table, &Req, NOW_MS).unwrap();
+            let reply = pending.reply(&options, NOW_MS);
+            assert!(reply.allowed);
+            black_box(reply)
+        });
+    });
+}
+
+criterion_group!(benches, gate_request);
+criterion_main!(benches);

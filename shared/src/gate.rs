@@ -1,0 +1,468 @@
+//! The request path of a Wasm shell (the Workers edge, the Envoy filter): rules applied to a
+//! request, its limits begun on the shell's table, origin answers merged, and the reply built.
+//!
+//! Enforced limits are one all-or-nothing decision; shadow limits are another, so a shadow
+//! rule never changes whether the request passes (it is counted and reported only). Each
+//! group needs at most one origin call, and the two can be made at once:
+//!
+//! ```text
+//! Gate::start(table, request) → Pending ── calls() ── shell POSTs each to /v1/origin/decide
+//!                                  ├─ answer(table, group, response) / fail(table, group)
+//!                                  └─ reply(now) → Reply { status, headers, body }
+//! ```
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Decision, MultiDecision};
+use crate::headers::{HeaderLimit, HeaderValues, header_values};
+use crate::identity::{WindowKeyRef, validate_workspace};
+use crate::request::{Begin, FailureMode, OriginCall};
+use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
+use crate::table::{CounterTable, LimitRequest};
+use crate::window::WindowDuration;
+use crate::wire::DecideResponse;
+
+/// How a shell answers, besides its rules. The JSON both shells take (unknown fields refused).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateOptions {
+    /// What a request gets when the origin cannot be reached: `local` (decide from memory),
+    /// `allow` or `deny`.
+    pub failure_mode: FailureModeName,
+    /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    pub legacy_headers: bool,
+    /// Send the rate-limit headers on passed requests too (always on denials).
+    pub headers_on_pass: bool,
+    /// Say in a response header when the origin could not be reached.
+    pub debug: bool,
+}
+
+impl Default for GateOptions {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureModeName::Local,
+            legacy_headers: false,
+            headers_on_pass: true,
+            debug: false,
+        }
+    }
+}
+
+/// [`FailureMode`] as configuration spells it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureModeName {
+    /// Decide from local memory.
+    #[default]
+    Local,
+    /// Let requests through.
+    Allow,
+    /// Deny requests.
+    Deny,
+}
+
+impl From<FailureModeName> for FailureMode {
+    fn from(name: FailureModeName) -> Self {
+        match name {
+            FailureModeName::Local => FailureMode::Local,
+            FailureModeName::Allow => FailureMode::Allow,
+            FailureModeName::Deny => FailureMode::Deny,
+        }
+    }
+}
+
+impl GateOptions {
+    /// Parses the options JSON; errors name the field.
+    pub fn from_json(json: &str) -> Result<Self, RuleError> {
+        let mut de = serde_json::Deserializer::from_str(json);
+        let options: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            RuleError {
+                field: if path == "." { String::new() } else { path },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        de.end().map_err(|e| RuleError {
+            field: String::new(),
+            message: e.to_string(),
+        })?;
+        Ok(options)
+    }
+}
+
+/// A shell's rules and options, validated once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gate {
+    workspace: String,
+    rules: RuleSet,
+    options: GateOptions,
+}
+
+/// One limit a request is subject to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subject {
+    /// Policy name for headers and logs.
+    pub name: String,
+    /// Namespace of its counts.
+    pub namespace: String,
+    /// Identifier within the namespace.
+    pub identifier: String,
+    /// Allowed cost per window.
+    pub limit: u64,
+    /// The window.
+    pub duration: WindowDuration,
+    /// This request's cost.
+    pub cost: u64,
+    /// Counted and reported, never enforced.
+    pub shadow: bool,
+}
+
+/// Where a group of limits stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Group {
+    /// No limit in the group.
+    Empty,
+    /// Waiting for its origin call.
+    Calling(OriginCall),
+    /// Decided.
+    Decided(MultiDecision),
+}
+
+/// The enforced group's index in [`Pending::calls`] and [`Pending::answer`].
+pub const ENFORCED: usize = 0;
+/// The shadow group's index.
+pub const SHADOW: usize = 1;
+
+/// A request begun: zero, one or two origin calls to make, then [`Pending::reply`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    subjects: Vec<Subject>,
+    groups: [Group; 2],
+    /// Whether an origin call of this request failed.
+    pub origin_failed: bool,
+}
+
+/// What the shell answers the client, or adds to the upstream's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Whether the request goes on to the upstream.
+    pub allowed: bool,
+    /// `429` on a denial, `200` otherwise (the upstream's status replaces it).
+    pub status: u16,
+    /// Response headers to set, on a denial or (when configured) on a pass.
+    pub headers: Vec<(&'static str, String)>,
+    /// The JSON body of a denial.
+    pub body: Option<String>,
+    /// Names of shadow rules that would have denied the request (for the log).
+    pub shadow_denied: Vec<String>,
+}
+
+/// A gate that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GateError {
+    /// The rules JSON.
+    Rules(RuleError),
+    /// The options JSON.
+    Options(RuleError),
+    /// The workspace name.
+    Workspace(String),
+}
+
+impl fmt::Display for GateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GateError::Rules(e) => write!(f, "invalid rules: {e}"),
+            GateError::Options(e) => write!(f, "invalid options: {e}"),
+            GateError::Workspace(e) => write!(f, "invalid workspace: {e}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for GateError {}
+
+impl Gate {
+    /// A gate from the rules and options JSON. `workspace` names the local table's counters
+    /// (the gateway binds the real one to the shell's token).
+    pub fn from_json(workspace: &str, rules: &str, options: &str) -> Result<Self, GateError> {
+        validate_workspace(workspace).map_err(|e| GateError::Workspace(e.to_string()))?;
+        Ok(Self {
+            workspace: workspace.to_string(),
+            rules: RuleSet::from_json(rules).map_err(GateError::Rules)?,
+            options: if options.trim().is_empty() {
+                GateOptions::default()
+            } else {
+                GateOptions::from_json(options).map_err(GateError::Options)?
+            },
+        })
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &RuleSet {
+        &self.rules
+    }
+
+    /// The options.
+    pub fn options(&self) -> &GateOptions {
+        &self.options
+    }
+
+    /// The limits `request` is subject to under the rules.
+    pub fn subjects(&self, request: &impl RequestView) -> Result<Vec<Subject>, RequestError> {
+        let rules = self.rules.rules();
+        Ok(self
+            .rules
+            .apply(request)?
+            .into_iter()
+            .filter_map(|a| {
+                let rule = rules.get(a.rule)?;
+                Some(Subject {
+                    name: rule.name.clone(),
+                    namespace: rule.namespace.clone(),
+                    identifier: a.identifier,
+                    limit: rule.limit,
+                    duration: rule.duration,
+                    cost: a.cost,
+                    shadow: rule.shadow,
+                })
+            })
+            .collect())
+    }
+
+    /// Applies the rules to `request` and begins its limits on `table`.
+    pub fn start(
+        &self,
+        table: &mut CounterTable,
+        request: &impl RequestView,
+        now_ms: u64,
+    ) -> Result<Pending, RequestError> {
+        let subjects = self.subjects(request)?;
+        self.begin(table, subjects, now_ms)
+    }
+
+    /// Begins `subjects` on `table` (the rules' limits, or a binding's one key).
+    pub fn begin(
+        &self,
+        table: &mut CounterTable,
+        subjects: Vec<Subject>,
+        now_ms: u64,
+    ) -> Result<Pending, RequestError> {
+        let mut groups = [Group::Empty, Group::Empty];
+        for (g, shadow) in [(ENFORCED, false), (SHADOW, true)] {
+            let mut limits = Vec::new();
+            for s in subjects.iter().filter(|s| s.shadow == shadow) {
+                let key =
+                    WindowKeyRef::new(&self.workspace, &s.namespace, &s.identifier, s.duration)
+                        .map_err(|e| RequestError {
+                            rule: s.name.clone(),
+                            message: e.to_string(),
+                        })?;
+                limits.push(LimitRequest {
+                    key,
+                    limit: s.limit,
+                    cost: s.cost,
+                });
+            }
+            if limits.is_empty() {
+                continue;
+            }
+            groups[g] = match table.begin(&limits, now_ms) {
+                Ok(Begin::Decided(d)) => Group::Decided(d),
+                Ok(Begin::Call(call)) => Group::Calling(call),
+                Err(e) => {
+                    return Err(RequestError {
+                        rule: s_name(&subjects, shadow),
+                        message: e.to_string(),
+                    });
+                }
+            };
+        }
+        Ok(Pending {
+            subjects,
+            groups,
+            origin_failed: false,
+        })
+    }
+}
+
+fn s_name(subjects: &[Subject], shadow: bool) -> String {
+    subjects
+        .iter()
+        .find(|s| s.shadow == shadow)
+        .map(|s| s.name.clone())
+        .unwrap_or_default()
+}
+
+impl Pending {
+    /// The origin calls still to make, with their group.
+    pub fn calls(&self) -> impl Iterator<Item = (usize, &OriginCall)> + '_ {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter_map(|(g, group)| match group {
+                Group::Calling(call) => Some((g, call)),
+                _ => None,
+            })
+    }
+
+    /// The limits the request is subject to.
+    pub fn subjects(&self) -> &[Subject] {
+        &self.subjects
+    }
+
+    /// Whether every group is decided.
+    pub fn is_done(&self) -> bool {
+        self.calls().next().is_none()
+    }
+
+    /// Merges the origin's answer to group `g`'s call; an answer that does not fit the call
+    /// counts as a failure (decided per `mode`).
+    pub fn answer(
+        &mut self,
+        table: &mut CounterTable,
+        g: usize,
+        response: &DecideResponse,
+        mode: FailureMode,
+        now_ms: u64,
+    ) {
+        let Some(Group::Calling(call)) = self.groups.get(g) else {
+            return;
+        };
+        let decided = match call.answers(response) {
+            Ok(answers) => table.finish(call, &answers, now_ms),
+            Err(_) => {
+                self.origin_failed = true;
+                table.fail(call, mode, now_ms)
+            }
+        };
+        self.settle(g, decided);
+    }
+
+    /// Group `g`'s call failed (unreachable, timed out, an error status): decided per `mode`.
+    pub fn fail(&mut self, table: &mut CounterTable, g: usize, mode: FailureMode, now_ms: u64) {
+        let Some(Group::Calling(call)) = self.groups.get(g) else {
+            return;
+        };
+        self.origin_failed = true;
+        let decided = table.fail(call, mode, now_ms);
+        self.settle(g, decided);
+    }
+
+    fn settle(&mut self, g: usize, decided: Result<MultiDecision, impl fmt::Display>) {
+        let Some(group) = self.groups.get_mut(g) else {
+            return;
+        };
+        *group = match decided {
+            Ok(d) => Group::Decided(d),
+            // Only a request larger than the table, which `begin` already refused.
+            Err(_) => Group::Decided(MultiDecision {
+                success: false,
+                decisions: Vec::new(),
+            }),
+        };
+    }
+
+    /// The decision of group `g`, once decided.
+    pub fn decision(&self, g: usize) -> Option<&MultiDecision> {
+        match self.groups.get(g) {
+            Some(Group::Decided(d)) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Whether the request passes: every enforced limit allowed it (an undecided call counts
+    /// as a denial: a shell replies only once every call is answered or failed).
+    pub fn allowed(&self) -> bool {
+        match &self.groups[ENFORCED] {
+            Group::Empty => true,
+            Group::Decided(d) => d.success,
+            Group::Calling(_) => false,
+        }
+    }
+
+    /// The reply: status, headers and body.
+    pub fn reply(&self, options: &GateOptions, now_ms: u64) -> Reply {
+        let allowed = self.allowed();
+        let enforced = self.header_limits(false);
+        let shadow = self.header_limits(true);
+        let mut headers = Vec::new();
+        if !enforced.is_empty() && (!allowed || options.headers_on_pass) {
+            let h = header_values(&enforced, now_ms);
+            push_headers(&mut headers, &h, options.legacy_headers);
+        }
+        if !shadow.is_empty() {
+            headers.push(("strata-shadow", header_values(&shadow, now_ms).ratelimit));
+        }
+        if options.debug && self.origin_failed {
+            headers.push(("strata-origin", "unavailable".to_string()));
+        }
+        let shadow_denied = shadow
+            .iter()
+            .filter(|l| !l.decision.success)
+            .map(|l| l.policy.to_string())
+            .collect();
+        let body = (!allowed).then(|| {
+            let denied: Vec<&str> = enforced
+                .iter()
+                .filter(|l| !l.decision.success)
+                .map(|l| l.policy)
+                .collect();
+            let retry = enforced
+                .iter()
+                .filter(|l| !l.decision.success)
+                .filter_map(|l| l.decision.retry_after_ms)
+                .max();
+            serde_json::json!({
+                "error": {
+                    "code": "rate_limited",
+                    "message": format!("rate limit exceeded: {}", denied.join(", ")),
+                },
+                "retry_after": retry.map(crate::headers::ceil_seconds),
+            })
+            .to_string()
+        });
+        Reply {
+            allowed,
+            status: if allowed { 200 } else { 429 },
+            headers,
+            body,
+            shadow_denied,
+        }
+    }
+
+    /// The policy, window and decision of each limit of one group, in request order.
+    fn header_limits(&self, shadow: bool) -> Vec<HeaderLimit<'_>> {
+        let g = if shadow { SHADOW } else { ENFORCED };
+        let Some(Group::Decided(d)) = self.groups.get(g) else {
+            return Vec::new();
+        };
+        self.subjects
+            .iter()
+            .filter(|s| s.shadow == shadow)
+            .zip(&d.decisions)
+            .map(|(s, decision): (&Subject, &Decision)| HeaderLimit {
+                policy: &s.name,
+                duration: s.duration,
+                decision,
+            })
+            .collect()
+    }
+}
+
+fn push_headers(out: &mut Vec<(&'static str, String)>, h: &HeaderValues, legacy: bool) {
+    out.push(("ratelimit-policy", h.policy.clone()));
+    out.push(("ratelimit", h.ratelimit.clone()));
+    if let Some(r) = &h.retry_after {
+        out.push(("retry-after", r.clone()));
+    }
+    if legacy {
+        out.push(("x-ratelimit-limit", h.legacy_limit.clone()));
+        out.push(("x-ratelimit-remaining", h.legacy_remaining.clone()));
+        out.push(("x-ratelimit-reset", h.legacy_reset.clone()));
+    }
+}

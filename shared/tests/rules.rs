@@ -1,0 +1,1449 @@
+//! The rule model and the gate of the Wasm shells: what each action puts in the descriptor
+//! and when it makes a rule not apply, the match conditions, the identifier's encoding, the
+//! duration and cost forms, that every configuration error names its field, and the gate's
+//! request path (shadow rules never deny, enforced rules decide all or nothing, the reply's
+//! status, headers and body, and the options that shape it). Property tests: the parser
+//! never panics, the encoding is injective, a missing header drops its rule, a shadow rule
+//! never denies, and two limits admit the smaller.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use strata_core::gate::{
+    ENFORCED, FailureModeName, Gate, GateError, GateOptions, Pending, Reply, SHADOW,
+};
+use strata_core::rules::{
+    Applied, MAX_RULES, RequestError, RequestView, RuleError, RuleSet, client_address,
+    parse_duration_ms,
+};
+use strata_core::{CounterTable, FailureMode, TableConfig};
+
+const T0: u64 = 28_333_334 * 60_000; // a minute boundary
+
+// ---- A request --------------------------------------------------------------------------
+
+/// A request as a shell would present it: header names in lower case.
+#[derive(Clone, Debug)]
+struct Req {
+    method: String,
+    host: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    peer: Option<String>,
+}
+
+impl Req {
+    fn get(path: &str) -> Self {
+        Self {
+            method: "GET".into(),
+            host: "api.example.com".into(),
+            path: path.into(),
+            headers: Vec::new(),
+            peer: Some("192.0.2.1".into()),
+        }
+    }
+
+    fn method(mut self, method: &str) -> Self {
+        self.method = method.into();
+        self
+    }
+
+    fn host(mut self, host: &str) -> Self {
+        self.host = host.into();
+        self
+    }
+
+    fn peer(mut self, peer: Option<&str>) -> Self {
+        self.peer = peer.map(Into::into);
+        self
+    }
+
+    fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+}
+
+impl RequestView for Req {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn host(&self) -> &str {
+        &self.host
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+    fn peer_address(&self) -> Option<&str> {
+        self.peer.as_deref()
+    }
+}
+
+// ---- Helpers ----------------------------------------------------------------------------
+
+/// A rule in namespace `api`, 10 a minute, with `actions`, and `extra` fields merged in.
+fn rule(actions: Value, extra: Value) -> Value {
+    let mut r = json!({"namespace": "api", "limit": 10, "duration": 60_000, "actions": actions});
+    if let (Value::Object(r), Value::Object(extra)) = (&mut r, extra) {
+        r.extend(extra);
+    }
+    r
+}
+
+fn set(rules: &[Value]) -> RuleSet {
+    let text = json!({ "rules": rules }).to_string();
+    RuleSet::from_json(&text).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+fn one(actions: Value, extra: Value) -> RuleSet {
+    set(&[rule(actions, extra)])
+}
+
+fn error(rules: &[Value]) -> RuleError {
+    let text = json!({ "rules": rules }).to_string();
+    match RuleSet::from_json(&text) {
+        Ok(_) => panic!("{text} was accepted"),
+        Err(e) => e,
+    }
+}
+
+/// The identifiers of the rules `request` is subject to.
+fn ids(rules: &RuleSet, request: &Req) -> Vec<String> {
+    rules
+        .apply(request)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.identifier)
+        .collect()
+}
+
+fn header_action(header: &str, key: &str) -> Value {
+    json!({"request_headers": {"header_name": header, "descriptor_key": key}})
+}
+
+fn generic(value: &str) -> Value {
+    json!({"generic_key": {"descriptor_value": value}})
+}
+
+fn table() -> CounterTable {
+    CounterTable::new(TableConfig::default(), 0x5eed)
+}
+
+fn gate(rules: &[Value], options: &str) -> Gate {
+    Gate::from_json("ws", &json!({ "rules": rules }).to_string(), options).unwrap()
+}
+
+/// Begins `request`, fails every origin call (decided from local memory) and replies.
+fn run(gate: &Gate, table: &mut CounterTable, request: &Req, now: u64) -> (Pending, Reply) {
+    let mut pending = gate.start(table, request, now).unwrap();
+    let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
+    for g in groups {
+        pending.fail(table, g, FailureMode::Local, now);
+    }
+    assert!(pending.is_done());
+    let reply = pending.reply(gate.options(), now);
+    (pending, reply)
+}
+
+fn header<'r>(reply: &'r Reply, name: &str) -> Option<&'r str> {
+    reply
+        .headers
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+// ---- Actions ----------------------------------------------------------------------------
+
+#[test]
+fn request_headers_makes_an_entry_or_drops_the_rule() {
+    let rules = one(json!([header_action("X-User", "user")]), json!({}));
+    assert_eq!(
+        ids(&rules, &Req::get("/").header("x-user", "u-1")),
+        ["user=u-1"]
+    );
+    assert_eq!(ids(&rules, &Req::get("/")), Vec::<String>::new());
+    // An empty value is still a value.
+    assert_eq!(ids(&rules, &Req::get("/").header("x-user", "")), ["user="]);
+}
+
+#[test]
+fn skip_if_absent_drops_only_its_entry() {
+    let rules = one(
+        json!([
+            {"request_headers": {"header_name": "x-user", "descriptor_key": "user", "skip_if_absent": true}},
+            generic("all"),
+        ]),
+        json!({}),
+    );
+    assert_eq!(
+        ids(&rules, &Req::get("/").header("x-user", "u-1")),
+        ["user=u-1&generic_key=all"]
+    );
+    assert_eq!(ids(&rules, &Req::get("/")), ["generic_key=all"]);
+
+    // Every entry skipped: nothing to limit by, so the rule does not apply.
+    let alone = one(
+        json!([{"request_headers": {"header_name": "x-user", "descriptor_key": "user", "skip_if_absent": true}}]),
+        json!({}),
+    );
+    assert!(alone.apply(&Req::get("/")).unwrap().is_empty());
+    assert_eq!(
+        ids(&alone, &Req::get("/").header("x-user", "u")),
+        ["user=u"]
+    );
+}
+
+#[test]
+fn remote_address_prefers_cf_connecting_ip_then_forwarded_for_then_the_peer() {
+    let rules = one(json!([{"remote_address": {}}]), json!({}));
+    let both = Req::get("/")
+        .header("CF-Connecting-IP", " 203.0.113.9 ")
+        .header("X-Forwarded-For", "198.51.100.7, 10.0.0.1");
+    assert_eq!(ids(&rules, &both), ["remote_address=203.0.113.9"]);
+    assert_eq!(client_address(&both), Some("203.0.113.9"));
+
+    let forwarded = Req::get("/").header("x-forwarded-for", "  198.51.100.7 , 10.0.0.1, 10.0.0.2");
+    assert_eq!(ids(&rules, &forwarded), ["remote_address=198.51.100.7"]);
+
+    // An empty CF-Connecting-IP does not hide the next source.
+    let empty_cf = Req::get("/")
+        .header("cf-connecting-ip", "  ")
+        .header("x-forwarded-for", "198.51.100.8");
+    assert_eq!(ids(&rules, &empty_cf), ["remote_address=198.51.100.8"]);
+
+    // An empty first hop falls back to the peer.
+    let empty_hop = Req::get("/").header("x-forwarded-for", " , 10.0.0.1");
+    assert_eq!(ids(&rules, &empty_hop), ["remote_address=192.0.2.1"]);
+
+    assert_eq!(ids(&rules, &Req::get("/")), ["remote_address=192.0.2.1"]);
+    let v6 = Req::get("/").peer(Some("2001:db8::1"));
+    assert_eq!(ids(&rules, &v6), ["remote_address=2001:db8::1"]);
+
+    // No address at all: the rule does not apply.
+    let nowhere = Req::get("/").peer(None);
+    assert_eq!(client_address(&nowhere), None);
+    assert!(rules.apply(&nowhere).unwrap().is_empty());
+    assert!(
+        rules
+            .apply(&Req::get("/").peer(Some("")))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn generic_key_has_a_default_key() {
+    let rules = set(&[
+        rule(json!([generic("everyone")]), json!({"name": "a"})),
+        rule(
+            json!([{"generic_key": {"descriptor_key": "tier", "descriptor_value": "free"}}]),
+            json!({"name": "b"}),
+        ),
+    ]);
+    assert_eq!(
+        ids(&rules, &Req::get("/")),
+        ["generic_key=everyone", "tier=free"]
+    );
+}
+
+#[test]
+fn header_value_match_makes_its_entry_only_as_expected() {
+    let matcher = json!([{"name": "User-Agent", "prefix_match": "bot/"}]);
+    let rules = set(&[
+        rule(
+            json!([{"header_value_match": {"descriptor_value": "bot", "headers": matcher}}]),
+            json!({"name": "bots"}),
+        ),
+        rule(
+            json!([{"header_value_match": {
+                "descriptor_key": "kind", "descriptor_value": "human",
+                "expect_match": false, "headers": matcher,
+            }}]),
+            json!({"name": "humans"}),
+        ),
+    ]);
+    let bot = rules
+        .apply(&Req::get("/").header("user-agent", "bot/1.0"))
+        .unwrap();
+    assert_eq!(bot.len(), 1);
+    assert_eq!(
+        (bot[0].rule, bot[0].identifier.as_str()),
+        (0, "header_match=bot")
+    );
+
+    let human = rules
+        .apply(&Req::get("/").header("user-agent", "curl/8"))
+        .unwrap();
+    assert_eq!(human.len(), 1);
+    assert_eq!(
+        (human[0].rule, human[0].identifier.as_str()),
+        (1, "kind=human")
+    );
+
+    // No user agent at all: the prefix does not match, so the "not a bot" rule applies.
+    assert_eq!(ids(&rules, &Req::get("/")), ["kind=human"]);
+}
+
+#[test]
+fn actions_are_joined_in_order() {
+    let rules = one(
+        json!([
+            generic("g"),
+            {"remote_address": {}},
+            header_action("x-key", "key"),
+        ]),
+        json!({}),
+    );
+    assert_eq!(
+        ids(&rules, &Req::get("/").header("x-key", "k1")),
+        ["generic_key=g&remote_address=192.0.2.1&key=k1"]
+    );
+}
+
+// ---- Match ------------------------------------------------------------------------------
+
+#[test]
+fn methods_match_whatever_case_the_config_uses() {
+    let rules = one(
+        json!([generic("m")]),
+        json!({"match": {"methods": ["get", "Post"]}}),
+    );
+    assert_eq!(ids(&rules, &Req::get("/")).len(), 1);
+    assert_eq!(ids(&rules, &Req::get("/").method("POST")).len(), 1);
+    assert!(ids(&rules, &Req::get("/").method("DELETE")).is_empty());
+    assert_eq!(rules.rules()[0].matcher.methods, ["GET", "POST"]);
+}
+
+#[test]
+fn hosts_match_whatever_the_case() {
+    let rules = one(
+        json!([generic("h")]),
+        json!({"match": {"hosts": ["API.Example.com", "other.example"]}}),
+    );
+    assert_eq!(ids(&rules, &Req::get("/")).len(), 1);
+    assert_eq!(ids(&rules, &Req::get("/").host("API.EXAMPLE.COM")).len(), 1);
+    assert_eq!(ids(&rules, &Req::get("/").host("other.example")).len(), 1);
+    assert!(ids(&rules, &Req::get("/").host("www.example.com")).is_empty());
+    assert!(ids(&rules, &Req::get("/").host("api.example.com.evil")).is_empty());
+}
+
+#[test]
+fn path_prefix_matches_the_start_of_the_path() {
+    let rules = one(
+        json!([generic("p")]),
+        json!({"match": {"path_prefix": "/v1/"}}),
+    );
+    assert_eq!(ids(&rules, &Req::get("/v1/users")).len(), 1);
+    assert_eq!(ids(&rules, &Req::get("/v1/")).len(), 1);
+    assert!(ids(&rules, &Req::get("/v1")).is_empty());
+    assert!(ids(&rules, &Req::get("/v2/users")).is_empty());
+    assert!(ids(&rules, &Req::get("/api/v1/")).is_empty());
+}
+
+#[test]
+fn header_matchers_exact_prefix_present_and_inverted() {
+    let only = |matcher: Value| {
+        one(
+            json!([generic("x")]),
+            json!({"match": {"headers": [matcher]}}),
+        )
+    };
+    let applies = |rules: &RuleSet, req: &Req| !rules.apply(req).unwrap().is_empty();
+    let plain = Req::get("/");
+    let with = |v: &str| Req::get("/").header("x-tier", v);
+
+    let exact = only(json!({"name": "X-Tier", "exact_match": "gold"}));
+    assert!(applies(&exact, &with("gold")));
+    assert!(!applies(&exact, &with("golden")));
+    assert!(!applies(&exact, &with("Gold")));
+    assert!(!applies(&exact, &plain));
+
+    let prefix = only(json!({"name": "x-tier", "prefix_match": "gol"}));
+    assert!(applies(&prefix, &with("gold")));
+    assert!(applies(&prefix, &with("golden")));
+    assert!(!applies(&prefix, &with("silver")));
+    assert!(!applies(&prefix, &plain));
+
+    let present = only(json!({"name": "x-tier", "present_match": true}));
+    assert!(applies(&present, &with("")));
+    assert!(!applies(&present, &plain));
+    let bare = only(json!({"name": "x-tier"})); // no test given: present
+    assert!(applies(&bare, &with("any")));
+    assert!(!applies(&bare, &plain));
+    let absent = only(json!({"name": "x-tier", "present_match": false}));
+    assert!(!applies(&absent, &with("any")));
+    assert!(applies(&absent, &plain));
+
+    let not_gold = only(json!({"name": "x-tier", "exact_match": "gold", "invert_match": true}));
+    assert!(!applies(&not_gold, &with("gold")));
+    assert!(applies(&not_gold, &with("silver")));
+    assert!(applies(&not_gold, &plain));
+    let not_present = only(json!({"name": "x-tier", "invert_match": true}));
+    assert!(!applies(&not_present, &with("gold")));
+    assert!(applies(&not_present, &plain));
+}
+
+#[test]
+fn every_condition_must_hold_and_rules_apply_in_order() {
+    let rules = set(&[
+        rule(
+            json!([generic("writes")]),
+            json!({"name": "writes", "match": {
+                "methods": ["POST"], "path_prefix": "/v1/",
+                "headers": [{"name": "x-tier", "exact_match": "free"}],
+            }}),
+        ),
+        rule(json!([generic("all")]), json!({"name": "all"})),
+    ]);
+    let full = Req::get("/v1/x").method("POST").header("x-tier", "free");
+    let applied = rules.apply(&full).unwrap();
+    assert_eq!(applied.iter().map(|a| a.rule).collect::<Vec<_>>(), [0, 1]);
+    for partial in [
+        Req::get("/v1/x").header("x-tier", "free"),
+        Req::get("/v2/x").method("POST").header("x-tier", "free"),
+        Req::get("/v1/x").method("POST").header("x-tier", "paid"),
+    ] {
+        let applied = rules.apply(&partial).unwrap();
+        assert_eq!(
+            applied,
+            [Applied {
+                rule: 1,
+                identifier: "generic_key=all".into(),
+                cost: 1
+            }]
+        );
+    }
+}
+
+// ---- The identifier ---------------------------------------------------------------------
+
+#[test]
+fn separators_are_percent_encoded_in_keys_and_values() {
+    let rules = one(
+        json!([header_action("x-a", "k&=%"), header_action("x-b", "b")]),
+        json!({}),
+    );
+    let req = Req::get("/")
+        .header("x-a", "x=1&b=y%2")
+        .header("x-b", "%26");
+    assert_eq!(ids(&rules, &req), ["k%26%3D%25=x%3D1%26b%3Dy%252&b=%2526"]);
+
+    // A value that spells a second entry does not pass for one.
+    let forged = Req::get("/").header("x-a", "1&b=2").header("x-b", "3");
+    let honest = Req::get("/").header("x-a", "1").header("x-b", "2&b=3");
+    assert_ne!(ids(&rules, &forged), ids(&rules, &honest));
+
+    // Other characters are kept as they are.
+    let plain = Req::get("/").header("x-a", "é:/ ?#+").header("x-b", "\"");
+    assert_eq!(ids(&rules, &plain), ["k%26%3D%25=é:/ ?#+&b=\""]);
+}
+
+#[test]
+fn a_descriptor_longer_than_255_bytes_is_a_request_error() {
+    let rules = one(
+        json!([header_action("x-user", "user")]),
+        json!({"name": "users"}),
+    );
+    // "user=" is 5 bytes: 250 more is exactly the bound.
+    let fits = "u".repeat(250);
+    assert_eq!(
+        ids(&rules, &Req::get("/").header("x-user", &fits)),
+        [format!("user={fits}")]
+    );
+    let long = Req::get("/").header("x-user", &"u".repeat(251));
+    let e: RequestError = rules.apply(&long).unwrap_err();
+    assert_eq!(e.rule, "users");
+    assert!(
+        e.message.contains("256") && e.message.contains("255"),
+        "{e}"
+    );
+
+    // The bound is on the encoded bytes: 84 `%` are 252 bytes once encoded.
+    let encoded = Req::get("/").header("x-user", &"%".repeat(84));
+    assert!(rules.apply(&encoded).is_err());
+
+    // The gate refuses it too, naming the rule.
+    let g = gate(
+        &[rule(
+            json!([header_action("x-user", "user")]),
+            json!({"name": "users"}),
+        )],
+        "",
+    );
+    let e = g.start(&mut table(), &long, T0).unwrap_err();
+    assert_eq!(e.rule, "users");
+}
+
+// ---- Duration and cost ------------------------------------------------------------------
+
+#[test]
+fn durations_are_milliseconds_or_text() {
+    for (duration, ms) in [
+        (json!(60_000), 60_000),
+        (json!(1_000), 1_000),
+        (json!("60s"), 60_000),
+        (json!("5m"), 300_000),
+        (json!("1h"), 3_600_000),
+        (json!("1d"), 86_400_000),
+        (json!("1500ms"), 1_500),
+        (json!("2000"), 2_000),
+        (json!(" 10 s "), 10_000),
+    ] {
+        let rules = one(json!([generic("d")]), json!({ "duration": duration }));
+        assert_eq!(rules.rules()[0].duration.as_ms(), ms, "{duration}");
+    }
+    assert_eq!(parse_duration_ms("60s"), Some(60_000));
+    assert_eq!(parse_duration_ms("5m"), Some(300_000));
+    assert_eq!(parse_duration_ms("1h"), Some(3_600_000));
+    for bad in [
+        "",
+        "s",
+        "1.5s",
+        "-1s",
+        "+1s",
+        "1 y",
+        "1S",
+        "1hh",
+        "99999999999999999999999s",
+        "18446744073709551615h",
+    ] {
+        assert_eq!(parse_duration_ms(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn cost_is_one_a_constant_or_read_from_a_header() {
+    let cost =
+        |rules: &RuleSet, req: &Req| -> Result<u64, RequestError> { Ok(rules.apply(req)?[0].cost) };
+    let default = one(json!([generic("c")]), json!({}));
+    assert_eq!(cost(&default, &Req::get("/")), Ok(1));
+    let constant = one(json!([generic("c")]), json!({"cost": 3}));
+    assert_eq!(cost(&constant, &Req::get("/")), Ok(3));
+
+    let header = one(
+        json!([generic("c")]),
+        json!({"name": "tokens", "cost": {"header": "X-Cost", "max": 10}}),
+    );
+    assert_eq!(cost(&header, &Req::get("/")), Ok(1), "absent: default 1");
+    assert_eq!(cost(&header, &Req::get("/").header("x-cost", "7")), Ok(7));
+    assert_eq!(
+        cost(&header, &Req::get("/").header("x-cost", " 10 ")),
+        Ok(10)
+    );
+    assert_eq!(cost(&header, &Req::get("/").header("x-cost", "0")), Ok(0));
+
+    let above = cost(&header, &Req::get("/").header("x-cost", "11")).unwrap_err();
+    assert_eq!(above.rule, "tokens");
+    assert!(
+        above.message.contains("11") && above.message.contains("10"),
+        "{above}"
+    );
+    for junk in ["abc", "-1", "1.5", "", "18446744073709551616"] {
+        let e = cost(&header, &Req::get("/").header("x-cost", junk)).unwrap_err();
+        assert_eq!(e.rule, "tokens", "{junk:?}");
+        assert!(e.message.contains("x-cost"), "{e}");
+    }
+
+    let with_default = one(
+        json!([generic("c")]),
+        json!({"cost": {"header": "x-cost", "default": 4, "max": 10}}),
+    );
+    assert_eq!(cost(&with_default, &Req::get("/")), Ok(4));
+
+    // Through the gate: a client error, nothing begun.
+    let g = gate(
+        &[rule(
+            json!([generic("c")]),
+            json!({"name": "tokens", "cost": {"header": "x-cost", "max": 10}}),
+        )],
+        "",
+    );
+    let mut t = table();
+    let e = g
+        .start(&mut t, &Req::get("/").header("x-cost", "99"), T0)
+        .unwrap_err();
+    assert_eq!(e.rule, "tokens");
+    assert!(t.is_empty());
+}
+
+#[test]
+fn the_rule_model_keeps_what_was_configured() {
+    let rules = set(&[rule(
+        json!([generic("x")]),
+        json!({"name": "n", "namespace": "ns", "limit": 42, "shadow": true}),
+    )]);
+    let r = &rules.rules()[0];
+    assert_eq!((r.name.as_str(), r.namespace.as_str()), ("n", "ns"));
+    assert_eq!((r.limit, r.shadow), (42, true));
+    // The name defaults to the namespace.
+    assert_eq!(one(json!([generic("x")]), json!({})).rules()[0].name, "api");
+    assert!(set(&[]).rules().is_empty());
+}
+
+// ---- Validation -------------------------------------------------------------------------
+
+/// Asserts the set is refused at `field`, with a message that mentions `cause`.
+fn refused(rules: &[Value], field: &str, cause: &str) -> RuleError {
+    let e = error(rules);
+    assert_eq!(e.field, field, "{e}");
+    assert!(!e.message.is_empty());
+    assert!(
+        e.message.to_lowercase().contains(&cause.to_lowercase()),
+        "{field}: {:?} does not mention {cause:?}",
+        e.message
+    );
+    assert!(e.to_string().starts_with(&format!("{field}: ")) || field.is_empty());
+    e
+}
+
+#[test]
+fn unknown_fields_are_refused_where_they_are() {
+    refused(
+        &[rule(json!([generic("x")]), json!({"limt": 5}))],
+        "rules[0].limt",
+        "unknown field",
+    );
+    refused(
+        &[rule(json!([generic("x")]), json!({"match": {"path": "/"}}))],
+        "rules[0].match.path",
+        "unknown field",
+    );
+    refused(
+        &[rule(
+            json!([{"request_headers": {"header_name": "a", "descriptor_key": "a", "skip": true}}]),
+            json!({}),
+        )],
+        "rules[0].actions[0].request_headers.skip",
+        "unknown field",
+    );
+    refused(
+        &[rule(json!([{"rate_limit_key": {}}]), json!({}))],
+        "rules[0].actions[0]",
+        "unknown variant",
+    );
+    let top = RuleSet::from_json(r#"{"rules": [], "version": 2}"#).unwrap_err();
+    assert!(top.to_string().contains("version"), "{top}");
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    refused(
+        &[rule(json!([generic("x")]), json!({"limit": "x"}))],
+        "rules[0].limit",
+        "invalid type",
+    );
+    refused(
+        &[rule(json!([generic("x")]), json!({"limit": -1}))],
+        "rules[0].limit",
+        "invalid value",
+    );
+    refused(
+        &[rule(json!([generic("x")]), json!({"shadow": "yes"}))],
+        "rules[0].shadow",
+        "invalid type",
+    );
+    refused(
+        &[
+            rule(json!([generic("x")]), json!({"name": "a"})),
+            rule(
+                json!([generic("x")]),
+                json!({"name": "b", "match": {"methods": "GET"}}),
+            ),
+        ],
+        "rules[1].match.methods",
+        "invalid type",
+    );
+    let e = error(&[rule(json!([generic("x")]), json!({"duration": true}))]);
+    assert_eq!(e.field, "rules[0].duration");
+    let e = error(&[rule(json!([generic("x")]), json!({"cost": -2}))]);
+    assert_eq!(e.field, "rules[0].cost");
+    let missing =
+        RuleSet::from_json(r#"{"rules": [{"namespace": "a", "duration": 1000, "actions": []}]}"#)
+            .unwrap_err();
+    assert!(missing.message.contains("limit"), "{missing}");
+    assert!(missing.field.starts_with("rules[0]"), "{missing}");
+    let not_json = RuleSet::from_json("{\"rules\": [").unwrap_err();
+    assert!(!not_json.message.is_empty());
+    let trailing = RuleSet::from_json(r#"{"rules": []} {}"#).unwrap_err();
+    assert_eq!(trailing.field, "");
+    assert!(trailing.message.contains("trailing"), "{trailing}");
+}
+
+#[test]
+fn rule_values_are_validated() {
+    refused(
+        &[rule(json!([]), json!({}))],
+        "rules[0].actions",
+        "at least one",
+    );
+    let nine: Vec<Value> = (0..9).map(|i| generic(&format!("g{i}"))).collect();
+    refused(
+        &[rule(json!(nine), json!({}))],
+        "rules[0].actions",
+        "at most 8",
+    );
+    refused(
+        &[rule(json!([header_action("X User", "user")]), json!({}))],
+        "rules[0].actions[0].request_headers.header_name",
+        "X User",
+    );
+    refused(
+        &[rule(json!([header_action("", "user")]), json!({}))],
+        "rules[0].actions[0].request_headers.header_name",
+        "not a header name",
+    );
+    refused(
+        &[rule(json!([header_action("x-user", "")]), json!({}))],
+        "rules[0].actions[0].request_headers.descriptor_key",
+        "empty",
+    );
+    refused(
+        &[rule(json!([generic("")]), json!({}))],
+        "rules[0].actions[0].generic_key.descriptor_value",
+        "empty",
+    );
+    refused(
+        &[rule(
+            json!([generic("a"), {"header_value_match": {"descriptor_value": "v", "headers": []}}]),
+            json!({}),
+        )],
+        "rules[0].actions[1].header_value_match.headers",
+        "at least one",
+    );
+    refused(
+        &[rule(
+            json!([{"header_value_match": {"descriptor_value": "v", "headers": [{"name": "a:b"}]}}]),
+            json!({}),
+        )],
+        "rules[0].actions[0].header_value_match.headers[0].name",
+        "a:b",
+    );
+    for duration in [json!(999), json!(0), json!("500ms"), json!("31d")] {
+        refused(
+            &[rule(json!([generic("x")]), json!({ "duration": duration }))],
+            "rules[0].duration",
+            "between",
+        );
+    }
+    refused(
+        &[rule(json!([generic("x")]), json!({"duration": "a minute"}))],
+        "rules[0].duration",
+        "60s",
+    );
+    refused(
+        &[rule(json!([generic("x")]), json!({"namespace": ""}))],
+        "rules[0].namespace",
+        "1 to 255",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"name": "n".repeat(256)}),
+        )],
+        "rules[0].name",
+        "1 to 255",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"cost": {"header": "x-cost", "default": 11, "max": 10}}),
+        )],
+        "rules[0].cost.default",
+        "above cost.max",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"cost": {"header": "x cost", "max": 10}}),
+        )],
+        "rules[0].cost.header",
+        "x cost",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"match": {"methods": ["GET", "GE T"]}}),
+        )],
+        "rules[0].match.methods[1]",
+        "GE T",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"match": {"hosts": ["a.example/x"]}}),
+        )],
+        "rules[0].match.hosts[0]",
+        "host",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"match": {"path_prefix": "v1/"}}),
+        )],
+        "rules[0].match.path_prefix",
+        "/",
+    );
+    refused(
+        &[rule(
+            json!([generic("x")]),
+            json!({"match": {"headers": [{"name": "x-a", "present_match": true},
+                                         {"name": "x-b", "exact_match": "a", "prefix_match": "a"}]}}),
+        )],
+        "rules[0].match.headers[1]",
+        "one of",
+    );
+}
+
+#[test]
+fn rule_names_must_differ() {
+    refused(
+        &[
+            rule(json!([generic("x")]), json!({"name": "a"})),
+            rule(json!([generic("y")]), json!({"name": "b"})),
+            rule(json!([generic("z")]), json!({"name": "a"})),
+        ],
+        "rules[2].name",
+        "\"a\"",
+    );
+    // Names default to the namespace, so two unnamed rules of one namespace collide.
+    refused(
+        &[
+            rule(json!([generic("x")]), json!({})),
+            rule(json!([generic("y")]), json!({})),
+        ],
+        "rules[1].name",
+        "api",
+    );
+    // A name may equal another rule's namespace as long as the names differ.
+    set(&[
+        rule(json!([generic("x")]), json!({})),
+        rule(json!([generic("y")]), json!({"name": "api-2"})),
+    ]);
+}
+
+#[test]
+fn at_most_32_rules() {
+    let many = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| rule(json!([generic("x")]), json!({"name": format!("r{i}")})))
+            .collect()
+    };
+    assert_eq!(set(&many(MAX_RULES)).rules().len(), 32);
+    let e = refused(&many(MAX_RULES + 1), "rules", "at most 32");
+    assert!(e.message.contains("33"), "{e}");
+}
+
+// ---- The gate ---------------------------------------------------------------------------
+
+#[test]
+fn gate_options_parse_and_name_their_fields() {
+    let o = GateOptions::from_json(r#"{"failure_mode":"deny","legacy_headers":true}"#).unwrap();
+    assert_eq!(o.failure_mode, FailureModeName::Deny);
+    assert_eq!(FailureMode::from(o.failure_mode), FailureMode::Deny);
+    assert!(o.legacy_headers);
+    assert!(o.headers_on_pass, "headers on passes by default");
+    assert!(!o.debug);
+    assert_eq!(
+        GateOptions::from_json("{}").unwrap(),
+        GateOptions::default()
+    );
+    assert_eq!(GateOptions::default().failure_mode, FailureModeName::Local);
+
+    let unknown = GateOptions::from_json(r#"{"failure_mode":"allow","verbose":true}"#).unwrap_err();
+    assert!(unknown.to_string().contains("verbose"), "{unknown}");
+    assert!(unknown.message.contains("unknown field"), "{unknown}");
+
+    let variant = GateOptions::from_json(r#"{"failure_mode":"sometimes"}"#).unwrap_err();
+    assert_eq!(variant.field, "failure_mode");
+    assert!(variant.message.contains("sometimes"), "{variant}");
+
+    let typed = GateOptions::from_json(r#"{"legacy_headers":"yes"}"#).unwrap_err();
+    assert_eq!(typed.field, "legacy_headers");
+}
+
+#[test]
+fn gate_errors_say_which_input_is_wrong() {
+    let rules = json!({"rules": [rule(json!([generic("x")]), json!({}))]}).to_string();
+    assert!(Gate::from_json("ws", &rules, "").is_ok());
+    assert!(Gate::from_json("ws", &rules, "  ").is_ok());
+    assert!(matches!(
+        Gate::from_json("", &rules, ""),
+        Err(GateError::Workspace(_))
+    ));
+    match Gate::from_json("ws", r#"{"rules": [{"limit": "x"}]}"#, "") {
+        Err(GateError::Rules(e)) => assert_eq!(e.field, "rules[0].limit"),
+        other => panic!("{other:?}"),
+    }
+    match Gate::from_json("ws", &rules, r#"{"failure_mode": 1}"#) {
+        Err(e @ GateError::Options(_)) => {
+            assert!(e.to_string().contains("failure_mode"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_request_no_rule_applies_to_passes_without_headers() {
+    let g = gate(
+        &[rule(
+            json!([generic("x")]),
+            json!({"match": {"path_prefix": "/v1/"}}),
+        )],
+        "",
+    );
+    let mut t = table();
+    let pending = g.start(&mut t, &Req::get("/health"), T0).unwrap();
+    assert!(pending.is_done() && pending.subjects().is_empty());
+    let reply = pending.reply(g.options(), T0);
+    assert!(reply.allowed);
+    assert_eq!(reply.status, 200);
+    assert!(reply.headers.is_empty() && reply.body.is_none());
+    assert!(t.is_empty());
+}
+
+#[test]
+fn a_cold_request_calls_the_origin_once_per_group() {
+    let g = gate(
+        &[
+            rule(json!([generic("a")]), json!({"name": "a"})),
+            rule(
+                json!([generic("b")]),
+                json!({"name": "b", "namespace": "b"}),
+            ),
+            rule(
+                json!([generic("s")]),
+                json!({"name": "s", "namespace": "s", "shadow": true}),
+            ),
+        ],
+        "",
+    );
+    let mut t = table();
+    let pending = g.start(&mut t, &Req::get("/"), T0).unwrap();
+    let calls: Vec<(usize, usize)> = pending
+        .calls()
+        .map(|(g, c)| (g, c.limits().len()))
+        .collect();
+    assert_eq!(calls, [(ENFORCED, 2), (SHADOW, 1)]);
+    assert!(!pending.is_done());
+    assert!(!pending.allowed(), "undecided counts as a denial");
+    let names: Vec<(&str, bool)> = pending
+        .subjects()
+        .iter()
+        .map(|s| (s.name.as_str(), s.shadow))
+        .collect();
+    assert_eq!(names, [("a", false), ("b", false), ("s", true)]);
+}
+
+#[test]
+fn legacy_headers_only_when_configured() {
+    let rules = [rule(
+        json!([generic("x")]),
+        json!({"name": "api", "limit": 1}),
+    )];
+    for legacy in [false, true] {
+        let g = gate(&rules, &json!({ "legacy_headers": legacy }).to_string());
+        let mut t = table();
+        let (_, pass) = run(&g, &mut t, &Req::get("/"), T0);
+        assert!(pass.allowed);
+        assert_eq!(header(&pass, "ratelimit-policy"), Some("\"api\";q=1;w=60"));
+        assert_eq!(header(&pass, "ratelimit"), Some("\"api\";r=0;t=60"));
+        assert_eq!(header(&pass, "retry-after"), None);
+        let (_, deny) = run(&g, &mut t, &Req::get("/"), T0 + 1);
+        assert!(!deny.allowed);
+        for reply in [&pass, &deny] {
+            for name in [
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+            ] {
+                assert_eq!(header(reply, name).is_some(), legacy, "{name}");
+            }
+        }
+        if legacy {
+            assert_eq!(header(&pass, "x-ratelimit-limit"), Some("1"));
+            assert_eq!(header(&pass, "x-ratelimit-remaining"), Some("0"));
+            let reset = (T0 + 60_000) / 1_000;
+            assert_eq!(
+                header(&pass, "x-ratelimit-reset"),
+                Some(reset.to_string().as_str())
+            );
+        }
+    }
+}
+
+#[test]
+fn headers_on_pass_off_leaves_passes_bare_but_not_denials() {
+    let g = gate(
+        &[rule(json!([generic("x")]), json!({"limit": 1}))],
+        r#"{"headers_on_pass": false}"#,
+    );
+    let mut t = table();
+    let (_, pass) = run(&g, &mut t, &Req::get("/"), T0);
+    assert!(pass.allowed);
+    assert!(pass.headers.is_empty(), "{:?}", pass.headers);
+    let (_, deny) = run(&g, &mut t, &Req::get("/"), T0 + 1);
+    assert!(!deny.allowed);
+    assert!(header(&deny, "ratelimit").is_some());
+    assert!(header(&deny, "retry-after").is_some());
+}
+
+#[test]
+fn debug_says_when_the_origin_was_unreachable() {
+    let rules = [rule(json!([generic("x")]), json!({}))];
+    for debug in [false, true] {
+        let g = gate(&rules, &json!({ "debug": debug }).to_string());
+        let (pending, reply) = run(&g, &mut table(), &Req::get("/"), T0);
+        assert!(pending.origin_failed);
+        assert_eq!(
+            header(&reply, "strata-origin") == Some("unavailable"),
+            debug
+        );
+    }
+}
+
+#[test]
+fn failure_modes_allow_and_deny() {
+    let g = gate(&[rule(json!([generic("x")]), json!({}))], "");
+    for (mode, allowed) in [(FailureMode::Allow, true), (FailureMode::Deny, false)] {
+        let mut t = table();
+        let mut pending = g.start(&mut t, &Req::get("/"), T0).unwrap();
+        pending.fail(&mut t, ENFORCED, mode, T0);
+        assert!(pending.is_done());
+        let reply = pending.reply(g.options(), T0);
+        assert_eq!(reply.allowed, allowed);
+        assert_eq!(reply.status, if allowed { 200 } else { 429 });
+    }
+}
+
+/// A shadow rule on an enforced rule's namespace and window would count on the same keys, so
+/// every request would be added to the enforced count a second time: refused.
+#[test]
+fn a_shadow_rule_may_not_share_an_enforced_rules_counters() {
+    let enforced = rule(
+        json!([generic("all")]),
+        json!({"name": "enforced", "limit": 4}),
+    );
+    let e = refused(
+        &[
+            enforced.clone(),
+            rule(
+                json!([generic("all")]),
+                json!({"name": "trial", "limit": 100, "shadow": true}),
+            ),
+        ],
+        "rules[1].namespace",
+        "namespace of its own",
+    );
+    assert!(e.message.contains("\"enforced\""), "{e}");
+    // Either order.
+    refused(
+        &[
+            rule(
+                json!([generic("all")]),
+                json!({"name": "trial", "shadow": true}),
+            ),
+            enforced.clone(),
+        ],
+        "rules[0].namespace",
+        "namespace of its own",
+    );
+    // Another window is another key; two shadow rules may share theirs.
+    set(&[
+        enforced.clone(),
+        rule(
+            json!([generic("all")]),
+            json!({"name": "hourly", "duration": "1h", "shadow": true}),
+        ),
+    ]);
+    set(&[
+        rule(json!([generic("a")]), json!({"name": "s1", "shadow": true})),
+        rule(json!([generic("b")]), json!({"name": "s2", "shadow": true})),
+    ]);
+
+    // In a namespace of its own, the shadow rule leaves the enforced count alone.
+    let g = gate(
+        &[
+            enforced,
+            rule(
+                json!([generic("all")]),
+                json!({"name": "trial", "namespace": "trial", "limit": 2, "shadow": true}),
+            ),
+        ],
+        "",
+    );
+    let mut t = table();
+    let replies: Vec<Reply> = (0..10)
+        .map(|i| run(&g, &mut t, &Req::get("/"), T0 + i).1)
+        .collect();
+    assert_eq!(replies.iter().filter(|r| r.allowed).count(), 4);
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|r| !r.shadow_denied.is_empty())
+            .count(),
+        8
+    );
+}
+
+// ---- Properties -------------------------------------------------------------------------
+
+/// Field names of the rule JSON, and a few others.
+fn field() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "rules",
+        "name",
+        "namespace",
+        "limit",
+        "duration",
+        "cost",
+        "shadow",
+        "match",
+        "actions",
+        "methods",
+        "hosts",
+        "path_prefix",
+        "headers",
+        "exact_match",
+        "prefix_match",
+        "present_match",
+        "invert_match",
+        "request_headers",
+        "header_name",
+        "descriptor_key",
+        "skip_if_absent",
+        "remote_address",
+        "generic_key",
+        "descriptor_value",
+        "header_value_match",
+        "expect_match",
+        "header",
+        "default",
+        "max",
+        "x",
+    ])
+}
+
+/// JSON values shaped like rules: their field names, plausible and edge values, nesting.
+fn json_value() -> impl Strategy<Value = Value> {
+    let number = prop_oneof![
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (0_u64..100_000).prop_map(Value::from),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+    ];
+    let text = prop_oneof![
+        prop::sample::select(vec![
+            "60s", "5m", "1h", "999", "x-user", "GET", "/v1/", "", "api", "a b", "%&=",
+        ])
+        .prop_map(|s| Value::String(s.into())),
+        ".{0,40}".prop_map(Value::String),
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        number,
+        text
+    ];
+    leaf.prop_recursive(5, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((field(), inner), 0..8).prop_map(|kv| {
+                Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            }),
+        ]
+    })
+}
+
+/// A valid rule with fields replaced, removed or added at random.
+fn mutated_rule() -> impl Strategy<Value = Value> {
+    let edits = prop::collection::vec((field(), prop::option::of(json_value())), 0..4);
+    (0_usize..4, edits).prop_map(|(base, edits)| {
+        let mut r = match base {
+            0 => rule(json!([generic("x")]), json!({})),
+            1 => rule(
+                json!([{"request_headers": {"header_name": "x-user", "descriptor_key": "u"}}, {"remote_address": {}}]),
+                json!({"cost": {"header": "x-cost", "max": 5}, "match": {"methods": ["GET"]}}),
+            ),
+            2 => rule(
+                json!([{"header_value_match": {"descriptor_value": "v", "headers": [{"name": "x-a", "prefix_match": "p"}]}}]),
+                json!({"duration": "1h", "shadow": true}),
+            ),
+            _ => json!({}),
+        };
+        if let Value::Object(map) = &mut r {
+            for (k, v) in edits {
+                match v {
+                    Some(v) => map.insert(k.to_string(), v),
+                    None => map.remove(k),
+                };
+            }
+        }
+        r
+    })
+}
+
+/// Requests with a few headers the rules above read.
+fn request() -> impl Strategy<Value = Req> {
+    let name = prop::sample::select(vec![
+        "x-user",
+        "x-cost",
+        "x-a",
+        "x-tier",
+        "cf-connecting-ip",
+        "x-forwarded-for",
+        "user-agent",
+    ]);
+    let value = prop_oneof![
+        "[a-z0-9&=%, ]{0,12}",
+        Just("5".to_string()),
+        Just("1000".to_string()),
+        ".{0,300}",
+    ];
+    (
+        prop::sample::select(vec!["GET", "POST", "DELETE"]),
+        prop::sample::select(vec!["api.example.com", "other.example"]),
+        "/[a-z0-9/]{0,10}",
+        prop::collection::vec((name, value), 0..5),
+        prop::option::of(Just("192.0.2.1")),
+    )
+        .prop_map(|(method, host, path, headers, peer)| Req {
+            method: method.into(),
+            host: host.into(),
+            path,
+            headers: headers
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            peer: peer.map(Into::into),
+        })
+}
+
+/// Pieces of header values, each with a look-alike: a separator and its encoding, or a
+/// piece that is its own.
+const PIECES: [(&str, &str); 8] = [
+    ("&", "%26"),
+    ("=", "%3D"),
+    ("%", "%25"),
+    ("b=", "b%3D"),
+    ("&b=", "%26b%3D"),
+    ("a", "a"),
+    ("2", "2"),
+    ("é ", "é "),
+];
+
+/// Two header values as pieces: which piece, and which of its two spellings.
+type Spelled = Vec<(usize, bool)>;
+
+fn spelled() -> impl Strategy<Value = Spelled> {
+    prop::collection::vec((0..PIECES.len(), any::<bool>()), 0..5)
+}
+
+fn spell(pieces: &Spelled) -> String {
+    pieces
+        .iter()
+        .map(|&(i, alt)| if alt { PIECES[i].1 } else { PIECES[i].0 })
+        .collect()
+}
+
+/// A second spelling of the same pieces, each piece's spelling drawn again.
+fn respell(pieces: &Spelled, alts: &[bool]) -> Spelled {
+    pieces
+        .iter()
+        .zip(alts.iter().chain(std::iter::repeat(&false)))
+        .map(|(&(i, _), &alt)| (i, alt))
+        .collect()
+}
+
+/// Parses `text`; whatever parses is applied to `requests`: no panic, bounded identifiers.
+fn parse_and_apply(text: &str, requests: &[Req]) {
+    if let Ok(rules) = RuleSet::from_json(text) {
+        assert!(rules.rules().len() <= MAX_RULES);
+        for req in requests {
+            if let Ok(applied) = rules.apply(req) {
+                for a in applied {
+                    assert!(a.rule < rules.rules().len());
+                    assert!(!a.identifier.is_empty() && a.identifier.len() <= 255);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn from_json_never_panics_on_strings(text in ".{0,200}") {
+        parse_and_apply(&text, &[]);
+    }
+
+    #[test]
+    fn from_json_never_panics_on_json(
+        v in json_value(),
+        rules in prop::collection::vec(prop_oneof![mutated_rule(), json_value()], 0..4),
+        requests in prop::collection::vec(request(), 0..4),
+    ) {
+        parse_and_apply(&v.to_string(), &requests);
+        parse_and_apply(&json!({ "rules": rules }).to_string(), &requests);
+    }
+
+    #[test]
+    fn the_encoding_is_injective(
+        a in spelled(),
+        b in spelled(),
+        other in (spelled(), spelled()),
+        alts in prop::collection::vec(any::<bool>(), 10),
+        mode in 0_u8..4,
+    ) {
+        // The second request: the first again, its pieces spelled anew (a separator where
+        // the first had its encoding, or the reverse), values of its own, or an entry
+        // separator moved from one value to the other (`A`, `X&b=Y` against `A&b=X`, `Y`).
+        let (a, b, c, d) = match mode {
+            0 => (spell(&a), spell(&b), spell(&a), spell(&b)),
+            1 => (spell(&a), spell(&b), spell(&respell(&a, &alts[..5])), spell(&respell(&b, &alts[5..]))),
+            2 => (spell(&a), spell(&b), spell(&other.0), spell(&other.1)),
+            _ => {
+                let (a, x, y) = (spell(&a), spell(&b), spell(&other.0));
+                (a.clone(), format!("{x}&b={y}"), format!("{a}&b={x}"), y)
+            }
+        };
+        let rules = one(json!([header_action("x-a", "a"), header_action("x-b", "b")]), json!({}));
+        let first = ids(&rules, &Req::get("/").header("x-a", &a).header("x-b", &b));
+        let second = ids(&rules, &Req::get("/").header("x-a", &c).header("x-b", &d));
+        prop_assert_eq!(first.len(), 1);
+        prop_assert_eq!(second.len(), 1);
+        prop_assert_eq!(first == second, (&a, &b) == (&c, &d), "{:?} {:?}", first, second);
+    }
+
+    #[test]
+    fn a_request_without_the_header_never_gets_the_rule(req in request()) {
+        let rules = set(&[
+            rule(
+                json!([generic("g"), {"request_headers": {"header_name": "X-User", "descriptor_key": "user"}}]),
+                json!({"name": "users"}),
+            ),
+            rule(json!([generic("all")]), json!({"name": "all"})),
+        ]);
+        let has = RequestView::header(&req, "x-user").is_some();
+        match rules.apply(&req) {
+            Ok(applied) => {
+                let rules: Vec<usize> = applied.iter().map(|a| a.rule).collect();
+                prop_assert_eq!(rules, if has { vec![0, 1] } else { vec![1] });
+            }
+            // Only a value too long for an identifier is refused, and only of that rule.
+            Err(e) => prop_assert!(has && e.rule == "users", "{}", e),
+        }
+    }
+
+    #[test]
+    fn a_shadow_rule_never_denies(
+        limit in 1_u64..5,
+        enforced in any::<bool>(),
+        requests in prop::collection::vec((0_usize..3, 0_u64..200), 1..40),
+    ) {
+        let mut rules = vec![rule(
+            json!([{"remote_address": {}}]),
+            json!({"name": "per-client", "namespace": "trial", "limit": limit, "shadow": true}),
+        )];
+        if enforced {
+            rules.push(rule(json!([generic("all")]), json!({"name": "all", "limit": 1_000})));
+        }
+        let g = gate(&rules, "");
+        let mut t = table();
+        let mut now = T0;
+        let mut counts: HashMap<usize, u64> = HashMap::new();
+        let mut sent: HashMap<usize, u64> = HashMap::new();
+        let mut denials = 0_u64;
+        for (client, dt) in requests {
+            now += dt;
+            let req = Req::get("/").header("cf-connecting-ip", &format!("203.0.113.{client}"));
+            let (pending, reply) = run(&g, &mut t, &req, now);
+            prop_assert!(reply.allowed && pending.allowed());
+            prop_assert_eq!(reply.status, 200);
+            prop_assert!(reply.body.is_none());
+            // Exactly what a one-window local count says: `limit` per client, then denials.
+            *sent.entry(client).or_default() += 1;
+            let seen = counts.entry(client).or_default();
+            let denied = *seen >= limit;
+            if !denied {
+                *seen += 1;
+            }
+            denials += u64::from(denied);
+            prop_assert_eq!(pending.decision(SHADOW).map(|d| d.success), Some(!denied));
+            prop_assert_eq!(reply.shadow_denied.clone(), if denied { vec!["per-client".to_string()] } else { vec![] });
+            let shadow = header(&reply, "strata-shadow").unwrap();
+            prop_assert!(shadow.starts_with("\"per-client\";r="), "{}", shadow);
+            if denied {
+                prop_assert!(shadow.starts_with("\"per-client\";r=0;"), "{}", shadow);
+            }
+            // The shadow rule never shows in the enforced headers.
+            prop_assert_eq!(header(&reply, "ratelimit-policy").is_some(), enforced);
+            prop_assert!(header(&reply, "ratelimit-policy").is_none_or(|p| !p.contains("per-client")));
+            prop_assert_eq!(header(&reply, "retry-after"), None);
+        }
+        // Every request of a client past its `limit` was a shadow denial, and only those.
+        let over: u64 = sent.values().map(|&n| n.saturating_sub(limit)).sum();
+        prop_assert_eq!(denials, over);
+    }
+
+    #[test]
+    fn two_limits_admit_the_smaller(
+        a in 1_u64..8,
+        b in 1_u64..8,
+        gaps in prop::collection::vec(0_u64..500, 18),
+    ) {
+        let g = gate(
+            &[
+                rule(json!([generic("all")]), json!({"name": "a", "namespace": "a", "limit": a})),
+                rule(json!([{"remote_address": {}}]), json!({"name": "b", "namespace": "b", "limit": b})),
+            ],
+            "",
+        );
+        let mut t = table();
+        let mut now = T0;
+        let mut allowed = 0;
+        for dt in gaps {
+            now += dt;
+            let (_, reply) = run(&g, &mut t, &Req::get("/"), now);
+            // Passes first, then only denials: nothing is counted by a denied request.
+            prop_assert_eq!(reply.allowed, allowed < a.min(b), "request after {} passes", allowed);
+            prop_assert!(reply.shadow_denied.is_empty());
+            let policy = header(&reply, "ratelimit-policy").unwrap();
+            prop_assert_eq!(policy, format!("\"a\";q={a};w=60, \"b\";q={b};w=60"));
+            prop_assert!(header(&reply, "ratelimit").is_some());
+            if reply.allowed {
+                allowed += 1;
+                prop_assert_eq!(reply.status, 200);
+                prop_assert!(reply.body.is_none());
+                prop_assert_eq!(header(&reply, "retry-after"), None);
+            } else {
+                prop_assert_eq!(reply.status, 429);
+                let retry: u64 = header(&reply, "retry-after").unwrap().parse().unwrap();
+                prop_assert!(retry >= 1);
+                let body: Value = serde_json::from_str(reply.body.as_deref().unwrap()).unwrap();
+                prop_assert_eq!(&body["error"]["code"], "rate_limited");
+                // The limits that denied: the smaller, or both when they are equal.
+                let denied = match a.cmp(&b) {
+                    std::cmp::Ordering::Less => "a",
+                    std::cmp::Ordering::Greater => "b",
+                    std::cmp::Ordering::Equal => "a, b",
+                };
+                let message = format!("rate limit exceeded: {denied}");
+                prop_assert_eq!(body["error"]["message"].as_str(), Some(message.as_str()));
+                prop_assert_eq!(body["retry_after"].as_u64(), Some(retry));
+            }
+        }
+        prop_assert_eq!(allowed, a.min(b));
+    }
+}

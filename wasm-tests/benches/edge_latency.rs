@@ -1,0 +1,110 @@
+//! What the edge adds to a request, in workerd on loopback: the same upstream reached through
+//! a pass-through Worker and through the Strata edge (a warm key far from its limit), measured
+//! in the same run with interleaved sequential requests; then the bundle's size and the cost
+//! of one warm decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
+//!
+//!     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
+//!     cargo bench -p strata-wasm-tests --bench edge_latency
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a harness: a panic is the report
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::GatewayProcess;
+use common::upstream::Upstream;
+use common::workerd::Workerd;
+
+const REQUESTS: usize = 5_000;
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let http = reqwest::Client::new();
+    let upstream = Upstream::start().await;
+    let mut gateway = GatewayProcess::start(&[]);
+    gateway.ready(&http).await;
+    let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000,
+        "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
+        "descriptor_key": "key"}}]}]}"#;
+    let mut edge = Workerd::proxy(&[
+        ("STRATA_GATEWAY_URL", &gateway.base),
+        ("STRATA_UPSTREAM", &upstream.base),
+        ("STRATA_RULES", rules),
+    ]);
+    let mut plain = Workerd::example_from(
+        &common::root().join("wasm-tests/bench/passthrough.mjs"),
+        &[("STRATA_UPSTREAM", &upstream.base)],
+    );
+    edge.ready().await;
+    plain.ready().await;
+
+    let mut times = [Vec::new(), Vec::new()];
+    let targets = [plain.base.clone(), edge.base.clone()];
+    for i in 0..(REQUESTS + 500) * 2 {
+        let which = i % 2;
+        let t0 = Instant::now();
+        let r = http
+            .get(format!("{}/items", targets[which]))
+            .header("x-api-key", "warm-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", edge.log());
+        r.bytes().await.unwrap();
+        if i >= 1_000 {
+            times[which].push(t0.elapsed()); // the first 500 of each warm up
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    let [p, e] = &times;
+    println!(
+        "edge latency in workerd on loopback, {REQUESTS} sequential requests each, interleaved:"
+    );
+    println!(
+        "  pass-through worker   p50 {:7.0} us   p99 {:7.0} us",
+        percentile(p, 0.5),
+        percentile(p, 0.99)
+    );
+    println!(
+        "  strata edge (warm)    p50 {:7.0} us   p99 {:7.0} us",
+        percentile(e, 0.5),
+        percentile(e, 0.99)
+    );
+    println!(
+        "  added                 p50 {:7.0} us   p99 {:7.0} us",
+        percentile(e, 0.5) - percentile(p, 0.5),
+        percentile(e, 0.99) - percentile(p, 0.99)
+    );
+    let dist = common::root().join("edge/dist");
+    let wasm = std::fs::metadata(dist.join("strata_edge_bg.wasm"))
+        .unwrap()
+        .len();
+    let glue = std::fs::metadata(dist.join("strata_edge.js"))
+        .unwrap()
+        .len();
+    let worker = std::fs::metadata(dist.join("worker.mjs")).unwrap().len();
+    println!(
+        "bundle: strata_edge_bg.wasm {wasm} B, strata_edge.js {glue} B, worker.mjs {worker} B"
+    );
+    let node = std::process::Command::new("node")
+        .arg("wasm-tests/bench/warm_decision.mjs")
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    print!("{}", String::from_utf8_lossy(&node.stdout));
+    assert!(node.status.success(), "{node:?}");
+}

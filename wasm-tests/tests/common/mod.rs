@@ -1,0 +1,52 @@
+//! Helpers of the end-to-end tests: real processes only. The private Redis and the gateway
+//! process helpers are the gateway's own test helpers, included by path (one copy).
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::path::PathBuf;
+
+#[path = "../../../regional-gateway/tests/common/process.rs"]
+pub mod process;
+#[path = "../../../regional-gateway/tests/common/redis.rs"]
+pub mod redis;
+pub mod upstream;
+pub mod workerd;
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("wasm-tests sits in the repository")
+        .to_path_buf()
+}
+
+/// The `strata-gateway` binary of this build (`cargo test --workspace` builds it).
+pub fn gateway_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> → target/<profile>/strata-gateway
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("strata-gateway"))
+        .expect("a target directory");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build -p strata-gateway; scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}

@@ -1,0 +1,165 @@
+//! A real `workerd serve` process running the built edge bundle (`edge/dist`, from
+//! `scripts/build-edge.sh`) on a free loopback port, with the given vars as text bindings and
+//! loopback reachable for its fetches. Killed on drop; its log is kept for failure reports.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Workerd {
+    child: Child,
+    dir: PathBuf,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+/// The workerd binary the test command installs (npm, pinned in wasm-tests/package.json).
+pub fn binary() -> PathBuf {
+    let bin = super::root().join("wasm-tests/node_modules/workerd/bin/workerd");
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/test.sh (or npm install in wasm-tests/)",
+        bin.display()
+    );
+    bin
+}
+
+fn bundle() -> PathBuf {
+    let dir = super::root().join("edge/dist");
+    assert!(
+        dir.join("strata_edge_bg.wasm").exists(),
+        "{} has no bundle: run scripts/build-edge.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// A Cap'n Proto text literal.
+fn capnp_text(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl Workerd {
+    /// Serves the proxy Worker (`worker.mjs`) with `vars`.
+    pub fn proxy(vars: &[(&str, &str)]) -> Self {
+        Self::start(None, vars)
+    }
+
+    /// Serves `example` (a module from `edge/examples/`) as the main module, with the bundle
+    /// beside it.
+    pub fn example(example: &str, vars: &[(&str, &str)]) -> Self {
+        Self::example_from(&super::root().join("edge/examples").join(example), vars)
+    }
+
+    /// Serves the module at `main` as the main module, with the bundle beside it.
+    pub fn example_from(main: &std::path::Path, vars: &[(&str, &str)]) -> Self {
+        Self::start(Some(main), vars)
+    }
+
+    fn start(main: Option<&std::path::Path>, vars: &[(&str, &str)]) -> Self {
+        let port = super::free_port();
+        let dir =
+            std::env::temp_dir().join(format!("strata-workerd-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["worker.mjs", "strata_edge.js", "strata_edge_bg.wasm"] {
+            std::fs::copy(bundle().join(file), dir.join(file)).unwrap();
+        }
+        let mut modules = String::new();
+        if let Some(main) = main {
+            let example = main.file_name().unwrap().to_string_lossy();
+            std::fs::copy(main, dir.join(&*example)).unwrap();
+            modules.push_str(&format!(
+                "(name = \"{example}\", esModule = embed \"{example}\"),\n"
+            ));
+        }
+        modules.push_str(
+            "(name = \"worker.mjs\", esModule = embed \"worker.mjs\"),\n\
+             (name = \"strata_edge.js\", esModule = embed \"strata_edge.js\"),\n\
+             (name = \"strata_edge_bg.wasm\", wasm = embed \"strata_edge_bg.wasm\"),\n",
+        );
+        let bindings: Vec<String> = vars
+            .iter()
+            .map(|(k, v)| format!("(name = \"{k}\", text = {})", capnp_text(v)))
+            .collect();
+        let config = format!(
+            "using Workerd = import \"/workerd/workerd.capnp\";\n\
+             const config :Workerd.Config = (\n\
+               services = [\n\
+                 (name = \"main\", worker = .edge),\n\
+                 (name = \"net\", network = (allow = [\"public\", \"private\", \"local\"])),\n\
+               ],\n\
+               sockets = [(name = \"http\", address = \"127.0.0.1:{port}\", http = (), service = \"main\")],\n\
+             );\n\
+             const edge :Workerd.Worker = (\n\
+               modules = [\n{modules}],\n\
+               compatibilityDate = \"2026-04-01\",\n\
+               globalOutbound = \"net\",\n\
+               bindings = [{}],\n\
+             );\n",
+            bindings.join(", ")
+        );
+        std::fs::write(dir.join("config.capnp"), config).unwrap();
+        let log = std::fs::File::create(dir.join("workerd.log")).unwrap();
+        let child = Command::new(binary())
+            .arg("serve")
+            .arg(dir.join("config.capnp"))
+            .arg("--verbose")
+            .current_dir(&dir)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start workerd ({e})"));
+        Self {
+            child,
+            dir,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// What workerd and the Worker's `console.log` wrote.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("workerd.log")).unwrap_or_default()
+    }
+
+    /// Waits until workerd accepts connections (30 s at most; fails at once if it exits).
+    pub async fn ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = self.base.trim_start_matches("http://").to_string();
+        loop {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("workerd exited before listening: {status}\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "workerd not listening within 30 s\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Workerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

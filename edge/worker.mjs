@@ -91,8 +91,7 @@ function stateFor(env, rules) {
       upstream: env.STRATA_UPSTREAM || "",
       debug: flag(env, "STRATA_DEBUG", false),
       inflight: new Map(),
-      replayWanted: 0,
-      replayTaken: 0,
+      replayPending: false,
     };
     log("info", "strata edge ready", { instance: edge.instance });
   } catch (e) {
@@ -178,18 +177,19 @@ async function decide(state, begin) {
   }
 }
 
-// Sends accepted cost after the response, batched across the isolate's requests: each request
-// waits the replay delay in its own context (Workers keep a request's I/O to itself), then
-// sends everything unacknowledged unless a replay taken since it was counted already carried
-// it. Replays carry cumulative counts, so two that overlap still count once.
+// Sends accepted cost after the response, batched across the isolate's requests: the first
+// request after a replay schedules the next one in its own context (Workers keep a request's
+// I/O to itself) and the requests until then join it. After STRATA_REPLAY_DELAY_MS it sends
+// everything unacknowledged; replays carry cumulative counts, so two that overlap count once,
+// and a failed one leaves the counts for the next.
 function replaySoon(state, ctx) {
-  const mark = ++state.replayWanted;
+  if (state.replayPending) return;
+  state.replayPending = true;
   ctx.waitUntil(
     (async () => {
       await sleep(state.replayDelayMs);
-      if (state.replayTaken >= mark) return;
-      state.replayTaken = state.replayWanted;
-      for (;;) {
+      state.replayPending = false; // later requests schedule the next replay
+      for (let batches = 0; batches < 64; batches++) {
         const batch = state.edge.take_replay(Date.now(), 1000);
         if (!batch) return;
         try {
@@ -214,14 +214,17 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-function headerList(headers) {
-  const out = [];
-  for (const [name, value] of headers) out.push(name, value);
-  return out;
+// Headers cross into and out of Wasm as one string, `name\nvalue\n` per header (a header
+// can hold no newline), so a request costs one copy each way.
+function headerText(headers) {
+  let text = "";
+  for (const [name, value] of headers) text += `${name}\n${value}\n`;
+  return text;
 }
 
-function setHeaders(target, list) {
-  for (let i = 0; i + 1 < list.length; i += 2) target.set(list[i], list[i + 1]);
+function setHeaders(target, text) {
+  const parts = text.split("\n");
+  for (let i = 0; i + 1 < parts.length; i += 2) target.set(parts[i], parts[i + 1]);
 }
 
 async function proxy(request, env, ctx) {
@@ -233,7 +236,7 @@ async function proxy(request, env, ctx) {
   let decided;
   try {
     decided = await decide(state, () =>
-      state.edge.start(request.method, request.url, headerList(request.headers), undefined, Date.now()),
+      state.edge.start(request.method, request.url, headerText(request.headers), undefined, Date.now()),
     );
   } catch (e) {
     return errorResponse(400, "invalid_request", String(e.message || e));

@@ -60,8 +60,8 @@ pub struct EdgeReply {
     pub allowed: bool,
     /// `429` on a denial, else `200`.
     pub status: u16,
-    /// `[name, value, name, value, …]`.
-    pub headers: Vec<String>,
+    /// `name\nvalue\n` per header (one string: one copy out of Wasm).
+    pub headers: String,
     /// The JSON body of a denial (empty on a pass).
     pub body: String,
     /// Shadow rules that would have denied, comma-separated (empty if none).
@@ -163,18 +163,19 @@ impl Edge {
         self.instance.clone()
     }
 
-    /// Applies the rules to a request and begins its limits. Throws (a client error, `400`)
-    /// when a cost header is out of bounds or a descriptor is too long.
+    /// Applies the rules to a request and begins its limits. `headers` is `name\nvalue\n` per
+    /// header, names in lower case. Throws (a client error, `400`) when a cost header is out of
+    /// bounds or a descriptor is too long.
     pub fn start(
         &mut self,
         method: &str,
         url: &str,
-        headers: Vec<String>,
+        headers: &str,
         peer: Option<String>,
         now_ms: f64,
     ) -> Result<EdgeRequest, JsError> {
         self.stats.requests += 1;
-        let request = JsRequest::new(method, url, headers, peer);
+        let request = JsRequest::new(method, url, headers, peer.as_deref());
         let pending = self
             .gate
             .start(&mut self.table, &request, whole(now_ms))
@@ -281,11 +282,13 @@ impl Edge {
         EdgeReply {
             allowed: reply.allowed,
             status: reply.status,
-            headers: reply
-                .headers
-                .into_iter()
-                .flat_map(|(k, v)| [k.to_string(), v])
-                .collect(),
+            headers: reply.headers.iter().fold(String::new(), |mut out, (k, v)| {
+                out.push_str(k);
+                out.push('\n');
+                out.push_str(v);
+                out.push('\n');
+                out
+            }),
             body: reply.body.unwrap_or_default(),
             shadow_denied: reply.shadow_denied.join(","),
             limit: js_number(first.map_or(0, |d| d.limit)),

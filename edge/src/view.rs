@@ -1,37 +1,65 @@
 //! A request as JavaScript hands it over: method, URL and headers, read by the rules.
 
+use std::borrow::Cow;
+
 use strata_core::rules::RequestView;
 
-/// The parts of a `Request` the rules read. Header names arrive lower-case (as a `Headers`
-/// iterator gives them), as `[name, value, name, value, …]`.
+/// The parts of a `Request` the rules read, borrowed from the strings JavaScript passed.
+/// Headers arrive as one string, `name\nvalue\n` per header with lower-case names (as a
+/// `Headers` iterator gives them; neither can hold a newline), so a request crosses into
+/// Wasm in one copy.
 #[derive(Debug)]
-pub struct JsRequest {
-    method: String,
-    host: String,
-    path: String,
-    headers: Vec<String>,
-    peer: Option<String>,
+pub struct JsRequest<'a> {
+    method: Cow<'a, str>,
+    host: Cow<'a, str>,
+    path: &'a str,
+    headers: &'a str,
+    peer: Option<&'a str>,
 }
 
-impl JsRequest {
+impl<'a> JsRequest<'a> {
     /// A view of a request to `url`.
-    pub fn new(method: &str, url: &str, headers: Vec<String>, peer: Option<String>) -> Self {
+    pub fn new(method: &'a str, url: &'a str, headers: &'a str, peer: Option<&'a str>) -> Self {
         let (host, path) = split_url(url);
-        let host = headers
-            .chunks_exact(2)
-            .find(|h| h[0] == "host")
-            .map_or(host, |h| split_host(&h[1]));
+        let host = find(headers, "host").map_or(host, split_host);
         Self {
-            method: method.to_ascii_uppercase(),
-            host: host.to_ascii_lowercase(),
-            path: path.to_string(),
+            method: upper(method),
+            host: lower(host),
+            path,
             headers,
             peer,
         }
     }
 }
 
-impl RequestView for JsRequest {
+fn upper(s: &str) -> Cow<'_, str> {
+    if s.bytes().any(|b| b.is_ascii_lowercase()) {
+        Cow::Owned(s.to_ascii_uppercase())
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+fn lower(s: &str) -> Cow<'_, str> {
+    if s.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(s.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// The value of header `name` in `name\nvalue\n…`.
+fn find<'a>(headers: &'a str, name: &str) -> Option<&'a str> {
+    let mut lines = headers.split('\n');
+    while let (Some(n), Some(v)) = (lines.next(), lines.next()) {
+        if n == name {
+            return Some(v);
+        }
+    }
+    None
+}
+
+impl RequestView for JsRequest<'_> {
     fn method(&self) -> &str {
         &self.method
     }
@@ -39,16 +67,13 @@ impl RequestView for JsRequest {
         &self.host
     }
     fn path(&self) -> &str {
-        &self.path
+        self.path
     }
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .chunks_exact(2)
-            .find(|h| h[0] == name)
-            .map(|h| h[1].as_str())
+        find(self.headers, name)
     }
     fn peer_address(&self) -> Option<&str> {
-        self.peer.as_deref()
+        self.peer
     }
 }
 
@@ -92,22 +117,15 @@ mod tests {
 
     #[test]
     fn the_host_header_wins_and_headers_are_found_by_name() {
-        let r = JsRequest::new(
-            "get",
-            "http://internal/p",
-            vec![
-                "host".into(),
-                "API.example.com:443".into(),
-                "x-k".into(),
-                "v".into(),
-            ],
-            None,
-        );
+        let headers = "host\nAPI.example.com:443\nx-k\nv\nx-empty\n\n";
+        let r = JsRequest::new("get", "http://internal/p", headers, None);
         assert_eq!(
             (r.method(), r.host(), r.path()),
             ("GET", "api.example.com", "/p")
         );
         assert_eq!(r.header("x-k"), Some("v"));
+        assert_eq!(r.header("x-empty"), Some(""));
+        assert_eq!(r.header("v"), None, "a value is not a name");
         assert_eq!(r.header("x-missing"), None);
     }
 }

@@ -2,16 +2,16 @@
 // on a key whose lease covers it, as worker.mjs calls them (headers crossing as strings).
 //   node wasm-tests/bench/warm_decision.mjs [edge/dist]
 import { readFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 
 const dist = process.argv[2] ?? "edge/dist";
-const { initSync, Edge } = await import(join(process.cwd(), dist, "strata_edge.js"));
+const { initSync, Edge } = await import(resolve(dist, "strata_edge.js"));
 initSync({ module: readFileSync(join(dist, "strata_edge_bg.wasm")) });
 
 const rules = JSON.stringify({ rules: [{ name: "per-key", namespace: "bench", limit: 1e12,
   duration: "1h", actions: [{ request_headers: { header_name: "x-api-key", descriptor_key: "key" } }] }] });
 const edge = new Edge(rules, "", "bench");
-const headers = ["accept", "*/*", "user-agent", "bench/1", "x-api-key", "warm-key"];
+const headers = "accept\n*/*\nuser-agent\nbench/1\nx-api-key\nwarm-key\n";
 const now = Date.now();
 
 // Cold: the gateway's answer, written by hand, lends the whole limit.

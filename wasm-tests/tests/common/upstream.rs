@@ -47,6 +47,11 @@ impl Upstream {
         Self { base, hits, task }
     }
 
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        port_of(&self.base)
+    }
+
     /// Requests that reached the upstream.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::SeqCst)
@@ -57,4 +62,12 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The port of `http://127.0.0.1:<port>`.
+pub fn port_of(base: &str) -> u16 {
+    base.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a loopback URL with a port")
 }

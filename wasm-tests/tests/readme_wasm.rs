@@ -1,5 +1,6 @@
-//! README.md's section "The edge", run as written: its workerd and wrangler examples, each
-//! with a fresh gateway on 127.0.0.1:8080 as the Run section starts it (the commands are read from the README, run from
+//! README.md's sections "The edge" and "The Envoy filter", run as written: the workerd,
+//! wrangler and Envoy examples, each with a fresh gateway on 127.0.0.1:8080 as the Run section
+//! starts it (the commands are read from the README, run from
 //! the repository root by bash, and their output compared with the README's), its rules JSON
 //! parses, and its binding example is the file the workerd tests serve.
 
@@ -11,15 +12,19 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The README's section "The edge", up to the next `## ` heading.
-fn section() -> String {
+/// The README's section whose heading starts with `heading`, up to the next `## ` heading.
+fn section_of(heading: &str) -> String {
     let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
     let start = readme
-        .find("\n## The edge")
-        .expect("README.md has a section \"The edge\"");
+        .find(&format!("\n## {heading}"))
+        .unwrap_or_else(|| panic!("README.md has a section \"{heading}\""));
     let rest = &readme[start + 1..];
     let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
     rest[..end].to_string()
+}
+
+fn section() -> String {
+    section_of("The edge")
 }
 
 /// The indented (4-space) code blocks of `text`, in order, as lines.
@@ -117,33 +122,39 @@ fn wait_until_free(port: u16) {
     }
 }
 
-#[test]
-fn the_workerd_and_wrangler_examples_run_as_written() {
-    let blocks = indented_blocks(&section());
-    let is_server = |l: &str| l.contains("workerd serve") || l.contains("wrangler dev");
-    let servers: Vec<&Vec<String>> = blocks
+/// Runs a section's examples: each block that starts a server (with the lines before it),
+/// against a fresh gateway on 8080, then the block of requests, whose lines are commands each
+/// followed by the output the README shows.
+fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], servers: usize) {
+    let blocks = indented_blocks(section);
+    let server_blocks: Vec<&Vec<String>> = blocks
         .iter()
         .filter(|b| b.iter().any(|l| is_server(l)))
         .collect();
-    assert_eq!(servers.len(), 2, "a workerd block and a wrangler block");
+    assert_eq!(server_blocks.len(), servers, "blocks that start a server");
     let try_it = blocks
         .iter()
         .find(|b| b.iter().any(|l| l.starts_with("for ")))
         .expect("a block that sends requests");
-    let (command, expected) = (&try_it[0], try_it[1].trim());
+    let steps: Vec<(&String, &String)> = try_it.chunks_exact(2).map(|p| (&p[0], &p[1])).collect();
+    assert!(
+        !steps.is_empty() && try_it.len() % 2 == 0,
+        "commands each with their output"
+    );
 
-    // Ports 8080 and 8787 are the README's: the README examples' lock keeps runs apart.
+    // The ports are the README's: the README examples' lock keeps runs apart.
     let lock = std::fs::File::create("/tmp/strata-readme-examples.lock").unwrap();
+    #[allow(clippy::incompatible_msrv)] // tests build with the pinned 1.95; File::lock is 1.89
     let _held = lock.lock(); // an advisory lock, released when `lock` closes
-    for block in servers {
-        for port in [8080, 8787] {
+    for block in server_blocks {
+        for port in ports.iter().copied().chain([8080]) {
             assert!(
                 std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
                 "port {port} is taken: the README's example needs it"
             );
         }
         // A fresh gateway for each, as the Run section starts it.
-        let data = std::env::temp_dir().join(format!("strata-readme-edge-{}", std::process::id()));
+        let data = std::env::temp_dir().join(format!("strata-readme-wasm-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data);
         let gateway = background(&format!(
             "exec {} --listen 127.0.0.1:8080 --data-dir {}",
@@ -155,22 +166,48 @@ fn the_workerd_and_wrangler_examples_run_as_written() {
         for line in block {
             if is_server(line) {
                 server = Some(background(&format!("exec {line}")));
-                wait_for_http(8787, line);
+                for port in ports {
+                    wait_for_http(*port, line);
+                }
             } else {
                 let out = bash(line).output().unwrap();
                 assert!(out.status.success(), "`{line}` failed: {out:?}");
             }
         }
-        let out = bash(command).output().unwrap();
-        assert!(out.status.success(), "`{command}` failed: {out:?}");
-        let printed = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(printed.trim(), expected, "`{command}` served by {block:?}");
+        for (command, expected) in &steps {
+            let out = bash(command).output().unwrap();
+            assert!(out.status.success(), "`{command}` failed: {out:?}");
+            let printed = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                printed.trim(),
+                expected.trim(),
+                "`{command}` served by {block:?}"
+            );
+        }
         drop(server);
         drop(gateway);
-        wait_until_free(8787);
-        wait_until_free(8080);
+        for port in ports.iter().copied().chain([8080]) {
+            wait_until_free(port);
+        }
         let _ = std::fs::remove_dir_all(&data);
     }
+}
+
+#[test]
+fn the_workerd_and_wrangler_examples_run_as_written() {
+    let is_server = |l: &str| l.contains("workerd serve") || l.contains("wrangler dev");
+    run_examples(&section(), is_server, &[8787], 2);
+}
+
+#[test]
+fn the_envoy_example_runs_as_written() {
+    let is_server = |l: &str| l.contains("envoy -c");
+    run_examples(
+        &section_of("The Envoy filter"),
+        is_server,
+        &[10000, 9901],
+        1,
+    );
 }
 
 #[test]

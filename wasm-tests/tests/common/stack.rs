@@ -1,0 +1,150 @@
+//! The stack every end-to-end test stands on: a private Redis, a `strata-gateway` process on it
+//! and a loopback upstream; and the requests and reads the tests make of it.
+
+use std::time::{Duration, Instant};
+
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+
+use super::process::GatewayProcess;
+use super::redis::RedisServer;
+use super::upstream::Upstream;
+
+pub const DAY_MS: u64 = 86_400_000;
+
+pub struct Stack {
+    pub http: reqwest::Client,
+    pub redis: RedisServer,
+    pub gateway: Option<GatewayProcess>,
+    pub upstream: Upstream,
+}
+
+/// A private Redis, a gateway process on it, and an upstream.
+pub async fn stack() -> Stack {
+    let redis = RedisServer::start();
+    let mut gateway = GatewayProcess::start(&["--redis-url", &redis.url()]);
+    let http = reqwest::Client::new();
+    gateway.ready(&http).await;
+    Stack {
+        http,
+        redis,
+        gateway: Some(gateway),
+        upstream: Upstream::start().await,
+    }
+}
+
+impl Stack {
+    pub fn gateway(&self) -> &str {
+        &self.gateway.as_ref().unwrap().base
+    }
+
+    /// The gateway's (Redis's) count of a cell: window `duration` at Unix ms `at`.
+    pub async fn regional_at(
+        &self,
+        namespace: &str,
+        identifier: &str,
+        duration: u64,
+        at: u64,
+    ) -> u64 {
+        let body = json!({"cells": [{"namespace": namespace, "identifier": identifier,
+            "duration": duration, "sequence": at / duration}]});
+        let r: Value = self
+            .http
+            .post(format!("{}/v1/origin/read", self.gateway()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["cells"][0]["regional"].as_u64().unwrap()
+    }
+
+    /// Polls the gateway until its count of a one-day cell is `want` (10 s at most); returns
+    /// the last count.
+    pub async fn settles_at(&self, namespace: &str, identifier: &str, want: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = self
+                .regional_at(namespace, identifier, DAY_MS, now_ms())
+                .await;
+            if n == want || Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub async fn get(
+    http: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (u16, HeaderMap, String) {
+    let mut request = http.get(url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let r = request.send().await.unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    (status, headers, r.text().await.unwrap())
+}
+
+pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// One rule: `limit` a day per `x-api-key`, namespace `e2e`.
+pub fn per_key_rules(limit: u64) -> String {
+    json!({"rules": [{
+        "name": "per-key", "namespace": "e2e", "limit": limit, "duration": "1d",
+        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]
+    }]})
+    .to_string()
+}
+
+/// Unix milliseconds.
+pub fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(since.unwrap().as_millis()).unwrap()
+}
+
+/// Sends `requests` GETs with `x-api-key: <key>`, `in_flight` at a time, spread in turn over
+/// `bases`; the number that passed (200), or the first other status than 429.
+pub async fn burst(
+    http: &reqwest::Client,
+    bases: &[String],
+    requests: usize,
+    in_flight: usize,
+    key: &str,
+) -> Result<u64, u16> {
+    let bases = std::sync::Arc::new(bases.to_vec());
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = Vec::new();
+    for i in 0..requests {
+        let (http, bases, limit, key) =
+            (http.clone(), bases.clone(), limit.clone(), key.to_string());
+        tasks.push(tokio::spawn(async move {
+            let _permit = limit.acquire().await.unwrap();
+            let base = &bases[i % bases.len()];
+            let r = http
+                .get(base)
+                .header("x-api-key", key)
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            200 => admitted += 1,
+            429 => {}
+            other => return Err(other),
+        }
+    }
+    Ok(admitted)
+}

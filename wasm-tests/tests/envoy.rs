@@ -1,0 +1,221 @@
+//! The Envoy filter end to end, every part a real process: Envoy 1.40 with `--concurrency 2`
+//! running the built filter, a `strata-gateway` on a private Redis, and an upstream on
+//! loopback. The limit holds across Envoy's worker threads with the right status, headers and
+//! stats; replayed counts reach Redis and a second Envoy sees them; a 20x burst across two
+//! Envoys stays within 1.05x; shadow rules never deny; a gateway stopped mid-run gives local
+//! decisions and no 5xx; a gateway cluster with no host does not hang requests past the
+//! timeout; an invalid configuration is refused with the reason logged.
+
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::envoy::Envoy;
+use common::stack::{Stack, burst, get, header, stack};
+use common::upstream::port_of;
+use serde_json::{Value, json};
+
+/// The filter configuration: `rules` and extra top-level settings.
+fn configuration(rules: &Value, extra: &Value) -> String {
+    let mut c = json!({"gateway_cluster": "strata_gateway", "region": "test", "rules": rules});
+    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        c.extend(extra.clone());
+    }
+    c.to_string()
+}
+
+fn per_key(limit: u64) -> Value {
+    json!([{"name": "per-key", "namespace": "e2e", "limit": limit, "duration": "1d",
+        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]}])
+}
+
+async fn envoy(s: &Stack, rules: &Value, extra: &Value) -> Envoy {
+    let gateway = port_of(s.gateway());
+    let mut e = Envoy::start(
+        &configuration(rules, extra),
+        s.upstream.port(),
+        Some(gateway),
+    );
+    e.ready(&s.http).await;
+    e
+}
+
+/// A client that opens a new connection per request, so Envoy spreads them over its workers.
+fn unpooled() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_holds_across_worker_threads_reaches_redis_and_a_second_envoy() {
+    let s = stack().await;
+    let e = envoy(&s, &per_key(10), &json!({})).await;
+    let http = unpooled();
+    let alice = [("x-api-key", "alice")];
+    for i in 0..15_u64 {
+        let (status, h, body) = get(&http, &format!("{}/v1/things", e.base), &alice).await;
+        if i < 10 {
+            assert_eq!(status, 200, "request {i}: {body}\n{}", e.log());
+            assert_eq!(body, "upstream ok");
+            assert_eq!(
+                header(&h, "ratelimit-policy"),
+                Some("\"per-key\";q=10;w=86400")
+            );
+        } else {
+            assert_eq!(status, 429, "request {i}\n{}", e.log());
+            assert!(header(&h, "retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+            assert!(
+                header(&h, "ratelimit")
+                    .unwrap()
+                    .starts_with("\"per-key\";r=0;")
+            );
+            let body: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(body["error"]["code"], "rate_limited");
+        }
+    }
+    assert_eq!(s.upstream.hits(), 10);
+    assert_eq!(e.stat(&s.http, "strata.ok").await, 10);
+    assert_eq!(e.stat(&s.http, "strata.enforced").await, 5);
+    assert!(e.stat(&s.http, "strata.decided.origin").await >= 1);
+    assert_eq!(
+        s.settles_at("e2e", "key=alice", 10).await,
+        10,
+        "Redis holds every pass once"
+    );
+
+    let second = envoy(&s, &per_key(10), &json!({})).await;
+    let (status, _, _) = get(&http, &second.base, &alice).await;
+    assert_eq!(status, 429, "a second Envoy sees the first one's counts");
+    assert_eq!(
+        get(&http, &second.base, &[("x-api-key", "bob")]).await.0,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20x_burst_across_two_envoys_admits_at_most_1_05x() {
+    let s = stack().await;
+    // A generous timeout: this measures the protocol, not a 2-core machine running the client,
+    // two Envoys with two workers each, a debug gateway and Redis at once.
+    let extra = json!({"timeout_ms": 5000});
+    let a = envoy(&s, &per_key(100), &extra).await;
+    let b = envoy(&s, &per_key(100), &extra).await;
+    let bases = [a.base.clone(), b.base.clone()];
+    let admitted = burst(&unpooled(), &bases, 2_000, 32, "burst")
+        .await
+        .unwrap_or_else(|status| panic!("status {status}\n{}\n{}", a.log(), b.log()));
+    let calls =
+        a.stat(&s.http, "strata.origin.calls").await + b.stat(&s.http, "strata.origin.calls").await;
+    println!(
+        "20x burst over two Envoys (2 workers each): admitted {admitted} of limit 100, {calls} gateway decisions for 2000 requests"
+    );
+    assert!(admitted <= 105, "admitted {admitted} > 1.05x the limit");
+    assert!(admitted >= 95, "admitted only {admitted}");
+    assert_eq!(s.upstream.hits(), admitted);
+    assert_eq!(
+        s.settles_at("e2e", "key=burst", admitted).await,
+        admitted,
+        "counted once each"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_rules_never_deny_and_are_counted() {
+    let s = stack().await;
+    let rules = json!([{"name": "trial", "namespace": "shadow", "limit": 2, "duration": "1d",
+        "shadow": true, "actions": [{"generic_key": {"descriptor_value": "everyone"}}]}]);
+    let e = envoy(&s, &rules, &json!({})).await;
+    for i in 0..6 {
+        let (status, h, _) = get(&s.http, &e.base, &[]).await;
+        assert_eq!(status, 200, "request {i}: a shadow rule never denies");
+        assert!(header(&h, "strata-shadow").is_some());
+    }
+    assert_eq!(s.upstream.hits(), 6);
+    assert_eq!(e.stat(&s.http, "strata.shadow").await, 4);
+    assert_eq!(e.stat(&s.http, "strata.enforced").await, 0);
+    assert_eq!(s.settles_at("shadow", "generic_key=everyone", 2).await, 2);
+    assert!(e.log().contains("shadow rule would deny"), "{}", e.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_mid_run_gives_local_decisions_and_no_5xx() {
+    let mut s = stack().await;
+    let e = envoy(&s, &per_key(20), &json!({"timeout_ms": 300})).await;
+    let http = unpooled();
+    let key = [("x-api-key", "carol")];
+    for _ in 0..5 {
+        assert_eq!(get(&http, &e.base, &key).await.0, 200);
+    }
+    s.gateway.take(); // killed
+    let mut admitted = 5;
+    for i in 0..40 {
+        let (status, _, body) = get(&http, &e.base, &key).await;
+        match status {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("request {i}: {other} {body}\n{}", e.log()),
+        }
+    }
+    println!(
+        "gateway stopped: {admitted} admitted of limit 20 by two workers deciding from memory"
+    );
+    // Each worker decides from what it knows: exact for one worker, at most one limit per
+    // worker for two (their counts are not shared while the gateway is away).
+    assert!((20..=40).contains(&admitted), "admitted {admitted}");
+    assert!(e.stat(&s.http, "strata.decided.fallback").await > 0);
+    assert!(e.stat(&s.http, "strata.origin.failures").await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cluster_without_hosts_does_not_hang_requests() {
+    let s = stack().await;
+    let config = configuration(&per_key(5), &json!({"timeout_ms": 200}));
+    let mut e = Envoy::start(&config, s.upstream.port(), None);
+    e.ready(&s.http).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        let started = Instant::now();
+        let (status, _, _) = get(&http, &e.base, &[("x-api-key", "dave")]).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "a request took {took:?}\n{}",
+            e.log()
+        );
+        statuses.push(status);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&200),
+        "the failure mode (local) decides: {statuses:?}"
+    );
+    assert!(e.stat(&s.http, "strata.decided.fallback").await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_configuration_is_refused_with_the_reason_logged() {
+    let s = stack().await;
+    let rules = json!([{"namespace": "a", "limit": "ten", "duration": "1m",
+        "actions": [{"remote_address": {}}]}]);
+    let e = Envoy::start(
+        &configuration(&rules, &json!({})),
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    let (code, log) = e.exits();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("strata: invalid configuration"), "{log}");
+    assert!(log.contains("rules[0].limit"), "{log}");
+}

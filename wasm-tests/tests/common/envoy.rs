@@ -50,17 +50,79 @@ fn cluster(name: &str, port: Option<u16>) -> String {
     )
 }
 
-/// The envoy.yaml of a test: the filter configured with `configuration` (JSON), passes to the
-/// upstream on `upstream_port`, the gateway cluster `strata_gateway` on `gateway_port` (none:
-/// a cluster without hosts).
+/// The HTTP filters of a listener: one filter (YAML at the list's indentation) then the router.
+pub enum Filters {
+    /// The Strata filter, configured with this JSON.
+    Strata(String),
+    /// Only the router.
+    None,
+    /// Envoy's own `local_ratelimit` on the `x-api-key` descriptor: `tokens` a `fill` period.
+    LocalRatelimit { tokens: u64, fill_s: u64 },
+}
+
+impl Filters {
+    fn yaml(&self) -> String {
+        match self {
+            Filters::Strata(configuration) => format!(
+                r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: strata
+                # A VM that failed is rebuilt for the next request, rather than failing its
+                # worker's requests from then on.
+                failure_policy: FAIL_RELOAD
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{config}'
+                vm_config:
+                  vm_id: strata
+                  runtime: envoy.wasm.runtime.v8
+                  code:
+                    local:
+                      filename: {wasm}
+"#,
+                config = configuration.replace('\'', "''"),
+                wasm = filter().display()
+            ),
+            Filters::None => String::new(),
+            Filters::LocalRatelimit { tokens, fill_s } => format!(
+                r#"          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: local_rate_limit
+              token_bucket: {{ max_tokens: {tokens}, tokens_per_fill: {tokens}, fill_interval: {fill_s}s }}
+              filter_enabled: {{ runtime_key: rl_enabled, default_value: {{ numerator: 100, denominator: HUNDRED }} }}
+              filter_enforced: {{ runtime_key: rl_enforced, default_value: {{ numerator: 100, denominator: HUNDRED }} }}
+              descriptors:
+              - entries: [{{ key: key, value: warm-key }}]
+                token_bucket: {{ max_tokens: {tokens}, tokens_per_fill: {tokens}, fill_interval: {fill_s}s }}
+"#
+            ),
+        }
+    }
+
+    /// The route's `rate_limits` (local_ratelimit reads its descriptor from them).
+    fn route_extra(&self) -> &'static str {
+        match self {
+            Filters::LocalRatelimit { .. } => {
+                "\n                  rate_limits: [{ actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }] }]"
+            }
+            _ => "",
+        }
+    }
+}
+
+/// The envoy.yaml of a test: `filters` before the router, passes to the upstream on
+/// `upstream_port`, the gateway cluster `strata_gateway` on `gateway_port` (none: a cluster
+/// without hosts).
 pub fn yaml(
-    configuration: &str,
+    filters: &Filters,
     upstream_port: u16,
     gateway_port: Option<u16>,
     port: u16,
     admin: u16,
 ) -> String {
-    let config = configuration.replace('\'', "''");
     format!(
         r#"admin:
   address:
@@ -83,31 +145,16 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {{ prefix: "/" }}
-                route: {{ cluster: upstream }}
+                route:
+                  cluster: upstream{route_extra}
           http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: strata
-                # A VM that failed is rebuilt for the next request, rather than failing its
-                # worker's requests from then on.
-                failure_policy: FAIL_RELOAD
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{config}'
-                vm_config:
-                  vm_id: strata
-                  runtime: envoy.wasm.runtime.v8
-                  code:
-                    local:
-                      filename: {wasm}
-          - name: envoy.filters.http.router
+{filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
 {upstream}{gateway}"#,
-        wasm = filter().display(),
+        filters = filters.yaml(),
+        route_extra = filters.route_extra(),
         upstream = cluster("upstream", Some(upstream_port)),
         gateway = cluster("strata_gateway", gateway_port),
     )
@@ -116,6 +163,15 @@ static_resources:
 impl Envoy {
     /// Starts Envoy (`--concurrency 2`) with the filter configured by `configuration`.
     pub fn start(configuration: &str, upstream_port: u16, gateway_port: Option<u16>) -> Self {
+        Self::start_with(
+            &Filters::Strata(configuration.to_string()),
+            upstream_port,
+            gateway_port,
+        )
+    }
+
+    /// Starts Envoy (`--concurrency 2`) with `filters` before the router.
+    pub fn start_with(filters: &Filters, upstream_port: u16, gateway_port: Option<u16>) -> Self {
         let (port, admin) = (super::free_port(), super::free_port());
         let dir = std::env::temp_dir().join(format!("strata-envoy-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -123,7 +179,7 @@ impl Envoy {
         let config = dir.join("envoy.yaml");
         std::fs::write(
             &config,
-            yaml(configuration, upstream_port, gateway_port, port, admin),
+            yaml(filters, upstream_port, gateway_port, port, admin),
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("envoy.log")).unwrap();

@@ -29,6 +29,9 @@ struct Raw {
     /// Prefix of the filter's stats (`<prefix>.ok`, `.rate_limited`, …).
     #[serde(default = "default_prefix")]
     stat_prefix: String,
+    /// Slots of shared data for the window keys the VMs share (0: each VM keeps its own).
+    #[serde(default = "default_slots")]
+    shared_slots: u64,
     /// The rules, as `{"rules": [...]}` takes them.
     rules: serde_json::Value,
     /// The rest: `GateOptions` (failure_mode, legacy_headers, headers_on_pass, debug).
@@ -47,6 +50,9 @@ const fn default_timeout() -> u64 {
 }
 const fn default_replay() -> u64 {
     100
+}
+const fn default_slots() -> u64 {
+    1024
 }
 fn default_prefix() -> String {
     "strata".into()
@@ -71,6 +77,8 @@ pub struct Config {
     pub replay_interval_ms: u64,
     /// Stats prefix.
     pub stat_prefix: String,
+    /// Shared-data slots (0: none).
+    pub shared_slots: usize,
 }
 
 impl Config {
@@ -104,6 +112,8 @@ impl Config {
             timeout_ms: within(raw.timeout_ms, 1, 60_000, "timeout_ms")?,
             replay_interval_ms: within(raw.replay_interval_ms, 10, 60_000, "replay_interval_ms")?,
             stat_prefix: raw.stat_prefix,
+            shared_slots: usize::try_from(within(raw.shared_slots, 0, 65_536, "shared_slots")?)
+                .unwrap_or(0),
         })
     }
 

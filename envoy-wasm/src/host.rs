@@ -3,6 +3,15 @@
 
 use std::time::Duration;
 
+/// Why a shared-data write did not happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetError {
+    /// Another VM wrote the key since it was read.
+    CasMismatch,
+    /// Anything else the host refused.
+    Refused,
+}
+
 /// What the filter asks of its host.
 pub trait Host {
     /// Unix milliseconds.
@@ -37,6 +46,11 @@ pub trait Host {
     fn increment(&self, id: u32, by: i64);
     /// Random bits for the instance id and the table seed.
     fn random_u64(&self) -> u64;
+    /// A shared-data value and its compare-and-swap token (none for a missing key).
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes a shared-data value if `cas` is still the key's token (unconditionally for a
+    /// missing key: the host ignores the token then).
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
 }
 
 /// proxy-wasm's host calls, as Envoy answers them.
@@ -48,9 +62,9 @@ mod envoy {
     use std::time::{Duration, UNIX_EPOCH};
 
     use proxy_wasm::hostcalls;
-    use proxy_wasm::types::{LogLevel, MapType, MetricType};
+    use proxy_wasm::types::{LogLevel, MapType, MetricType, Status};
 
-    use super::{Envoy, Host};
+    use super::{Envoy, Host, SetError};
 
     impl Host for Envoy {
         fn now_ms(&self) -> u64 {
@@ -121,6 +135,15 @@ mod envoy {
                 return self.now_ms() ^ 0x9e37_79b9_7f4a_7c15;
             }
             u64::from_le_bytes(bytes)
+        }
+        fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            hostcalls::get_shared_data(key).unwrap_or((None, None))
+        }
+        fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+            hostcalls::set_shared_data(key, Some(value), cas).map_err(|s| match s {
+                Status::CasMismatch => SetError::CasMismatch,
+                _ => SetError::Refused,
+            })
         }
     }
 }

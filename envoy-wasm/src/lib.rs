@@ -2,9 +2,9 @@
 //!
 //! The same decisions as the edge: the rules and the request path are `strata-core`'s
 //! ([`strata_core::gate`]); [`filter`] holds a VM's state and the callbacks' logic over a
-//! [`host::Host`], and the proxy-wasm glue below only routes Envoy's callbacks to it. Each VM
-//! (one per worker thread) keeps its own table and random instance id; the gateway's leases
-//! keep them exact together, as they do separate processes.
+//! [`host::Host`], and the proxy-wasm glue below only routes Envoy's callbacks to it. The VMs
+//! of an Envoy (one per worker thread) share their window keys' states through shared data
+//! ([`shared`]), so the gateway sees one process; what finds no slot goes to the VM's own table.
 
 // A panic kills the VM, and Envoy then hangs or fails requests: no indexing that can fail
 // (unwrap, expect and panic are denied workspace-wide).
@@ -14,6 +14,7 @@ pub mod config;
 pub mod filter;
 pub mod host;
 pub mod metrics;
+pub mod shared;
 
 #[cfg(target_arch = "wasm32")]
 mod glue {

@@ -5,15 +5,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use strata_envoy::config::Config;
 use strata_envoy::filter::{Verdict, Vm};
-use strata_envoy::host::Host;
+use strata_envoy::host::{Host, SetError};
 use strata_envoy::metrics::Metrics;
 
 const NOW: u64 = 1_700_000_030_000;
+
+/// Shared data of one `vm_id`: value and token per key.
+type SharedData = Rc<RefCell<HashMap<String, (Vec<u8>, u32)>>>;
 
 /// A local reply: status, headers, body.
 type Sent = (u32, Vec<(String, String)>, String);
@@ -32,6 +37,10 @@ struct Fake {
     context: Cell<u32>,
     counters: RefCell<Vec<(String, i64)>>,
     logs: RefCell<Vec<String>>,
+    /// Shared data, as Envoy keeps it for one `vm_id`: value and token per key (several
+    /// doubles can hold the same map, like several VMs).
+    shared: SharedData,
+    random: Cell<u64>,
 }
 
 impl Host for Fake {
@@ -100,7 +109,26 @@ impl Host for Fake {
         self.counters.borrow_mut()[id as usize].1 += by;
     }
     fn random_u64(&self) -> u64 {
-        42
+        self.random.set(self.random.get() + 1);
+        self.random.get()
+    }
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.shared.borrow().get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+    fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        let mut map = self.shared.borrow_mut();
+        let token = match map.get(key) {
+            Some((_, current)) if cas.is_some_and(|c| c != *current) => {
+                return Err(SetError::CasMismatch);
+            }
+            Some((_, current)) => current + 1,
+            None => 1, // a missing key is written whatever the token, as Envoy does
+        };
+        map.insert(key.to_string(), (value.to_vec(), token));
+        Ok(())
     }
 }
 
@@ -166,9 +194,10 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
     let (path, body) = host.dispatched.borrow()[0].clone();
     assert_eq!(path, "/v1/origin/decide");
     assert_eq!(body["limits"][0]["identifier"], "key=alice");
-    assert_eq!(
-        body["instance"],
-        "test-000000000000002a".replace("test", "envoy")
+    let instance = body["instance"].as_str().unwrap();
+    assert!(
+        instance.starts_with("envoy-") && instance.len() == 22,
+        "{instance}"
     );
     host.grant(3);
     vm.on_call_response(&host, 1, 0);
@@ -322,4 +351,107 @@ fn every_metric_is_defined_under_the_prefix() {
         .collect();
     assert_eq!(defined, Metrics::names("edge.rl"));
     assert!(defined.contains(&"edge.rl.rate_limited".to_string()));
+}
+
+/// A second VM of the same Envoy: its own context, the same shared data.
+fn sibling(host: &Fake) -> Fake {
+    let f = Fake::new();
+    f.shared.replace(HashMap::new());
+    let f = Fake {
+        shared: host.shared.clone(),
+        ..f
+    };
+    f.random.set(1_000);
+    f
+}
+
+#[test]
+fn two_vms_share_one_limit_while_the_gateway_is_away() {
+    let a_host = Fake::new();
+    let mut a = vm(&a_host, r#", "failure_mode": "local""#);
+    let b_host = sibling(&a_host);
+    let mut b = vm(&b_host, r#", "failure_mode": "local""#);
+    for host in [&a_host, &b_host] {
+        host.request("frank");
+        host.refuse_dispatch.set(true);
+    }
+    let mut passed = 0;
+    for i in 0..12 {
+        let (vm, host) = if i % 2 == 0 {
+            (&mut a, &a_host)
+        } else {
+            (&mut b, &b_host)
+        };
+        if vm.on_request(host, 100 + i) == Verdict::Continue {
+            passed += 1;
+        }
+    }
+    assert_eq!(
+        passed, 5,
+        "one limit for both VMs (each alone would admit 5)"
+    );
+    // One instance id for the Envoy: what both VMs call the gateway with.
+    a_host.refuse_dispatch.set(false);
+    b_host.refuse_dispatch.set(false);
+    a_host.now.set(NOW + 1_000); // past the retry delay
+    b_host.now.set(NOW + 1_000);
+    a_host.request("grace");
+    b_host.request("heidi");
+    a.on_request(&a_host, 1);
+    b.on_request(&b_host, 2);
+    let ia = a_host.dispatched.borrow()[0].1["instance"].clone();
+    let ib = b_host.dispatched.borrow()[0].1["instance"].clone();
+    assert_eq!(ia, ib);
+}
+
+#[test]
+fn only_the_lease_holder_replays_the_shared_slots() {
+    let a_host = Fake::new();
+    let mut a = vm(&a_host, r#", "replay_interval_ms": 100"#);
+    let b_host = sibling(&a_host);
+    let mut b = vm(&b_host, r#", "replay_interval_ms": 100"#);
+    a_host.request("ivan");
+    a.on_request(&a_host, 5);
+    a_host.grant(3);
+    a.on_call_response(&a_host, 1, 0);
+    b_host.request("ivan");
+    assert_eq!(
+        b.on_request(&b_host, 6),
+        Verdict::Continue,
+        "b uses a's lease"
+    );
+    assert!(b_host.dispatched.borrow().is_empty());
+    a.on_tick(&a_host, 1);
+    b.on_tick(&b_host, 1);
+    let replays = |h: &Fake| {
+        h.dispatched
+            .borrow()
+            .iter()
+            .filter(|(p, _)| p == "/v1/origin/replay")
+            .count()
+    };
+    assert_eq!(replays(&a_host) + replays(&b_host), 1, "one VM replays");
+    let (_, body) = a_host.dispatched.borrow().last().unwrap().clone();
+    assert_eq!(
+        body["events"][0]["used"], 1,
+        "b's local pass, from the shared slot: {body}"
+    );
+}
+
+#[test]
+fn a_slot_held_by_another_live_key_sends_the_request_to_the_vms_table() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "shared_slots": 1, "failure_mode": "local""#);
+    host.refuse_dispatch.set(true);
+    host.request("judy");
+    assert_eq!(vm.on_request(&host, 1), Verdict::Continue);
+    host.request("kim"); // the one slot holds judy's unreplayed pass
+    for c in 0..5 {
+        assert_eq!(vm.on_request(&host, 2 + c), Verdict::Continue);
+    }
+    assert_eq!(
+        vm.on_request(&host, 9),
+        Verdict::Pause,
+        "kim's limit holds in the table"
+    );
 }

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::decision::{Decision, MultiDecision};
 use crate::headers::{HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
-use crate::request::{Begin, FailureMode, OriginCall};
+use crate::origin::OriginPolicy;
+use crate::request::{self, Begin, FailureMode, OriginCall, States};
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
 use crate::table::{CounterTable, LimitRequest};
 use crate::window::WindowDuration;
@@ -245,6 +246,32 @@ impl Gate {
         self.begin(table, subjects, now_ms)
     }
 
+    /// The limits of one group of `subjects` (the `shadow` ones, or the enforced ones), keyed
+    /// in the gate's workspace, in order.
+    pub fn group_limits<'s>(
+        &'s self,
+        subjects: &'s [Subject],
+        shadow: bool,
+    ) -> Result<Vec<LimitRequest<'s>>, RequestError> {
+        subjects
+            .iter()
+            .filter(|s| s.shadow == shadow)
+            .map(|s| {
+                let key =
+                    WindowKeyRef::new(&self.workspace, &s.namespace, &s.identifier, s.duration)
+                        .map_err(|e| RequestError {
+                            rule: s.name.clone(),
+                            message: e.to_string(),
+                        })?;
+                Ok(LimitRequest {
+                    key,
+                    limit: s.limit,
+                    cost: s.cost,
+                })
+            })
+            .collect()
+    }
+
     /// Begins `subjects` on `table` (the rules' limits, or a binding's one key).
     pub fn begin(
         &self,
@@ -252,41 +279,22 @@ impl Gate {
         subjects: Vec<Subject>,
         now_ms: u64,
     ) -> Result<Pending, RequestError> {
-        let mut groups = [Group::Empty, Group::Empty];
+        let mut begun = [None, None];
         for (g, shadow) in [(ENFORCED, false), (SHADOW, true)] {
-            let mut limits = Vec::new();
-            for s in subjects.iter().filter(|s| s.shadow == shadow) {
-                let key =
-                    WindowKeyRef::new(&self.workspace, &s.namespace, &s.identifier, s.duration)
-                        .map_err(|e| RequestError {
-                            rule: s.name.clone(),
-                            message: e.to_string(),
-                        })?;
-                limits.push(LimitRequest {
-                    key,
-                    limit: s.limit,
-                    cost: s.cost,
-                });
-            }
+            let limits = self.group_limits(&subjects, shadow)?;
             if limits.is_empty() {
                 continue;
             }
-            groups[g] = match table.begin(&limits, now_ms) {
-                Ok(Begin::Decided(d)) => Group::Decided(d),
-                Ok(Begin::Call(call)) => Group::Calling(call),
-                Err(e) => {
-                    return Err(RequestError {
-                        rule: s_name(&subjects, shadow),
-                        message: e.to_string(),
-                    });
-                }
-            };
+            let b = table.begin(&limits, now_ms).map_err(|e| RequestError {
+                rule: s_name(&subjects, shadow),
+                message: e.to_string(),
+            })?;
+            if let Some(slot) = begun.get_mut(g) {
+                *slot = Some(b);
+            }
         }
-        Ok(Pending {
-            subjects,
-            groups,
-            origin_failed: false,
-        })
+        let [enforced, shadow] = begun;
+        Ok(Pending::from_begun(subjects, enforced, shadow))
     }
 }
 
@@ -299,6 +307,66 @@ fn s_name(subjects: &[Subject], shadow: bool) -> String {
 }
 
 impl Pending {
+    /// A request whose groups a shell began itself, over states it keeps elsewhere (Envoy's
+    /// shared data): `None` for a group without limits.
+    pub fn from_begun(
+        subjects: Vec<Subject>,
+        enforced: Option<Begin>,
+        shadow: Option<Begin>,
+    ) -> Self {
+        let group = |b: Option<Begin>| match b {
+            None => Group::Empty,
+            Some(Begin::Decided(d)) => Group::Decided(d),
+            Some(Begin::Call(call)) => Group::Calling(call),
+        };
+        Self {
+            subjects,
+            groups: [group(enforced), group(shadow)],
+            origin_failed: false,
+        }
+    }
+
+    /// [`answer`](Self::answer) over states a shell keeps elsewhere (the call's limits in
+    /// order); `policy` is the origin policy its table would use.
+    pub fn answer_on<S: States>(
+        &mut self,
+        states: &mut S,
+        g: usize,
+        response: &DecideResponse,
+        mode: FailureMode,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) {
+        let Some(Group::Calling(call)) = self.groups.get(g) else {
+            return;
+        };
+        let decided = match call.answers(response) {
+            Ok(answers) => request::finish(states, call, &answers, now_ms),
+            Err(_) => {
+                self.origin_failed = true;
+                request::fail(states, call, mode, now_ms, policy)
+            }
+        };
+        self.settle(g, Ok::<_, core::convert::Infallible>(decided));
+    }
+
+    /// [`fail`](Self::fail) over states a shell keeps elsewhere.
+    pub fn fail_on<S: States>(
+        &mut self,
+        states: &mut S,
+        g: usize,
+        mode: FailureMode,
+        now_ms: u64,
+        policy: &OriginPolicy,
+    ) {
+        let Some(Group::Calling(call)) = self.groups.get(g) else {
+            return;
+        };
+        self.origin_failed = true;
+        let decided = request::fail(states, call, mode, now_ms, policy);
+        self.settle(g, Ok::<_, core::convert::Infallible>(decided));
+    }
+
     /// The origin calls still to make, with their group.
     pub fn calls(&self) -> impl Iterator<Item = (usize, &OriginCall)> + '_ {
         self.groups

@@ -19,6 +19,7 @@
 //! | [`request`] | the request path every shell drives: a decision or one origin call |
 //! | [`replay`] | the replay buffer: own cumulative counts, delivered safely twice |
 //! | [`table`] | the bounded single-threaded table of a process, and its decision API |
+//! | [`snapshot`] | a window key's state as bytes, for states kept outside a table (Envoy's shared data) |
 //! | [`slab`] | the table's storage: slots, hash index, CLOCK eviction |
 //! | [`rules`] | the rule model of the Wasm shells: match a request, build its identifier |
 //! | [`gate`] | a Wasm shell's request path: rules → limits → origin calls → the reply |
@@ -107,6 +108,7 @@ pub mod replay;
 pub mod request;
 pub mod rules;
 pub mod slab;
+pub mod snapshot;
 pub mod table;
 pub mod window;
 pub mod wire;

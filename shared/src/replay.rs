@@ -12,6 +12,7 @@
 use alloc::string::ToString;
 use alloc::vec::Vec;
 
+use crate::cell::WindowState;
 use crate::decision::Counts;
 use crate::identity::WindowKey;
 use crate::slab::unacked;
@@ -88,6 +89,44 @@ impl ReplayBatch {
     }
 }
 
+impl WindowState {
+    /// Adds to `events` what a replay pass takes from this state (of window key `key`) at
+    /// `now_ms`: an event per cell holding own cost the origin has not acknowledged, and the
+    /// lease, released, if it sat idle near the limit for a pass (see
+    /// [`WindowState::idle_lease`]). Returns false when nothing of it concerns the replay any
+    /// more (no unacknowledged cost, no lease to watch).
+    pub fn take_replay_events(
+        &mut self,
+        key: &WindowKey,
+        now_ms: u64,
+        events: &mut Vec<ReplayEvent>,
+    ) -> bool {
+        let idle = self.idle_lease(now_ms);
+        let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
+        if !(idle || holds || unacked(self) > 0) {
+            return false;
+        }
+        let released = if idle { self.release_lease() } else { 0 };
+        for (sequence, cell) in self.cells() {
+            let release = if sequence == self.sequence() {
+                released
+            } else {
+                0
+            };
+            if cell.unacked() > 0 || release > 0 {
+                events.push(ReplayEvent {
+                    key: key.clone(),
+                    sequence,
+                    used: cell.own(),
+                    limit: self.limit(),
+                    release,
+                });
+            }
+        }
+        true
+    }
+}
+
 impl CounterTable {
     /// Up to `max` cells holding own cost the origin has not acknowledged, and leases near
     /// the limit that went unused for a replay interval, released (see
@@ -101,32 +140,15 @@ impl CounterTable {
         while j < slab.touched.len() && events.len() < max {
             let i = slab.touched[j] as usize;
             let live = slab.is_live(i);
-            let state = &mut slab.slots[i].state;
-            let idle = live && state.idle_lease(now_ms);
-            let holds =
-                live && state.current().lease_left() > 0 && state.current().is_fresh(now_ms);
-            if !(idle || holds || (live && unacked(state) > 0)) {
+            let slot = &mut slab.slots[i];
+            if !(live
+                && slot
+                    .state
+                    .take_replay_events(&slot.key, now_ms, &mut events))
+            {
                 slab.untouch(i);
                 slab.touched.swap_remove(j);
                 continue;
-            }
-            let released = if idle { state.release_lease() } else { 0 };
-            let slot = &slab.slots[i];
-            for (sequence, cell) in slot.state.cells() {
-                let release = if sequence == slot.state.sequence() {
-                    released
-                } else {
-                    0
-                };
-                if cell.unacked() > 0 || release > 0 {
-                    events.push(ReplayEvent {
-                        key: slot.key.clone(),
-                        sequence,
-                        used: cell.own(),
-                        limit: slot.state.limit(),
-                        release,
-                    });
-                }
             }
             j += 1;
         }

@@ -3,8 +3,8 @@
 //! loopback. The limit holds across Envoy's worker threads with the right status, headers and
 //! stats; replayed counts reach Redis and a second Envoy sees them; a 20x burst across two
 //! Envoys stays within 1.05x; shadow rules never deny; a gateway stopped mid-run gives local
-//! decisions and no 5xx; a gateway cluster with no host does not hang requests past the
-//! timeout; an invalid configuration is refused with the reason logged.
+//! decisions and no 5xx; a gateway cluster with no host, or one that never answers, does not
+//! hang requests past the timeout; an invalid configuration is refused with the reason logged.
 
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
@@ -171,12 +171,8 @@ async fn a_gateway_stopped_mid_run_gives_local_decisions_and_no_5xx() {
     assert!(e.stat(&s.http, "strata.origin.failures").await > 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_cluster_without_hosts_does_not_hang_requests() {
-    let s = stack().await;
-    let config = configuration(&per_key(5), &json!({"timeout_ms": 200}));
-    let mut e = Envoy::start(&config, s.upstream.port(), None);
-    e.ready(&s.http).await;
+/// Seven requests through `e` on key `key`: each answered within 3 s, with 200 or 429.
+async fn answered_promptly(s: &Stack, e: &Envoy, key: &str) -> Vec<u16> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -184,7 +180,7 @@ async fn a_gateway_cluster_without_hosts_does_not_hang_requests() {
     let mut statuses = Vec::new();
     for _ in 0..7 {
         let started = Instant::now();
-        let (status, _, _) = get(&http, &e.base, &[("x-api-key", "dave")]).await;
+        let (status, _, _) = get(&http, &e.base, &[("x-api-key", key)]).await;
         let took = started.elapsed();
         assert!(
             took < Duration::from_secs(3),
@@ -202,6 +198,31 @@ async fn a_gateway_cluster_without_hosts_does_not_hang_requests() {
         "the failure mode (local) decides: {statuses:?}"
     );
     assert!(e.stat(&s.http, "strata.decided.fallback").await > 0);
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_hosts_or_answers_does_not_hang_requests() {
+    let s = stack().await;
+    let config = configuration(&per_key(5), &json!({"timeout_ms": 200}));
+    // No host at all: the dispatch fails at once.
+    let mut empty = Envoy::start(&config, s.upstream.port(), None);
+    empty.ready(&s.http).await;
+    answered_promptly(&s, &empty, "dave").await;
+    // A host that accepts and never answers: the timeout decides.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket); // never read, never answered
+        }
+    });
+    let mut mute = Envoy::start(&config, s.upstream.port(), Some(port));
+    mute.ready(&s.http).await;
+    answered_promptly(&s, &mute, "erin").await;
+    assert!(mute.stat(&s.http, "strata.origin.failures").await > 0);
+    held.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,6 +64,22 @@ impl GatewayProcess {
         }
     }
 
+    /// Stops the gateway as an operator would (SIGTERM: it drains its replays) and waits for
+    /// it to exit; its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Waits until the gateway answers `/readyz` with 200 (30 s at most; fails at once if the
     /// process exits).
     pub async fn ready(&mut self, http: &reqwest::Client) {

@@ -13,6 +13,9 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// Append-only file, fsynced on every write: a killed server restarts with every write
+    /// it acknowledged.
+    persistent: bool,
 }
 
 fn answers_ping(port: u16) -> bool {
@@ -47,7 +50,12 @@ fn answering_pid(port: u16) -> Option<u32> {
 
 /// Spawns `redis-server` on `port` and waits until it answers; `None` if another process
 /// holds the port.
-fn spawn(port: u16, dir: &std::path::Path) -> Option<Child> {
+fn spawn(port: u16, dir: &std::path::Path, persistent: bool) -> Option<Child> {
+    let aof: &[&str] = if persistent {
+        &["--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        &["--appendonly", "no"]
+    };
     let mut child = Command::new("redis-server")
         .args([
             "--port",
@@ -56,12 +64,11 @@ fn spawn(port: u16, dir: &std::path::Path) -> Option<Child> {
             "127.0.0.1",
             "--save",
             "",
-            "--appendonly",
-            "no",
             // Fault injection (`DEBUG SLEEP`) from loopback only.
             "--enable-debug-command",
             "local",
         ])
+        .args(aof)
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -93,6 +100,15 @@ fn spawn(port: u16, dir: &std::path::Path) -> Option<Child> {
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// A server that keeps every acknowledged write across a kill (append-only, fsync always).
+    pub fn start_persistent() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         for _ in 0..5 {
@@ -106,12 +122,13 @@ impl RedisServer {
                 N.fetch_add(1, Ordering::Relaxed)
             ));
             std::fs::create_dir_all(&dir).expect("temp dir for redis");
-            match spawn(port, &dir) {
+            match spawn(port, &dir, persistent) {
                 Some(child) => {
                     return Self {
                         child: Some(child),
                         port,
                         dir,
+                        persistent,
                     };
                 }
                 None => {
@@ -162,7 +179,7 @@ impl RedisServer {
     /// Starts (or starts again) on the same port, and waits until it answers.
     pub fn restart(&mut self) {
         self.stop();
-        let child = spawn(self.port, &self.dir);
+        let child = spawn(self.port, &self.dir, self.persistent);
         assert!(
             child.is_some(),
             "redis-server could not listen on port {} again",

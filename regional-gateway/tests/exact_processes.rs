@@ -299,3 +299,68 @@ async fn gateways_whose_clocks_disagree_by_seconds_admit_the_limit() {
     println!("clocks 7 s apart, 2 gateway processes: admitted {admitted} of 401 (limit 100)");
     assert_eq!(admitted, 100);
 }
+
+/// Strict mode and the window rollover across processes: three gateways under a sustained
+/// overload (eight clients, each sending as fast as it is answered) on a limit of 20 per
+/// second for five seconds. Each pass is attributed to the fixed window its answer names
+/// (`reset`); no window may admit more than the limit (+5%), and the sliding window must not
+/// starve the clients either (at least half the limit per window on average).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_hold_the_limit_across_window_rollovers() {
+    const LIMIT: u64 = 20;
+    const SECOND_MS: u64 = 1_000;
+    let redis = RedisServer::start();
+    let gateways = start_gateways(&redis, 3).await;
+    let identifier = fresh("rollover");
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (http, base) = (client(), gateways[i % gateways.len()].base.clone());
+            let identifier = identifier.clone();
+            tokio::spawn(async move {
+                let mut passes = Vec::new();
+                let body = json!({"namespace": "api", "identifier": identifier,
+                    "limit": LIMIT, "duration": SECOND_MS});
+                while std::time::Instant::now() < until {
+                    let r = http
+                        .post(format!("{base}/v1/ratelimit"))
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    let answer: Value = r.json().await.unwrap();
+                    if answer["success"] == true {
+                        passes.push(answer["reset"].as_u64().unwrap());
+                    }
+                }
+                passes
+            })
+        })
+        .collect();
+    let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+    for t in tasks {
+        for reset in t.await.unwrap() {
+            *per_window.entry(reset / SECOND_MS).or_default() += 1;
+        }
+    }
+    println!("passes per one-second window (limit {LIMIT}): {per_window:?}");
+    let worst = per_window.values().copied().max().unwrap_or(0);
+    assert!(
+        worst <= LIMIT + 1,
+        "a window admitted {worst} > limit {LIMIT} (+5%)"
+    );
+    // The first and last windows are partial.
+    let full: Vec<u64> = per_window
+        .values()
+        .copied()
+        .skip(1)
+        .take(per_window.len().saturating_sub(2))
+        .collect();
+    assert!(full.len() >= 3, "{per_window:?}");
+    let mean = full.iter().sum::<u64>() as f64 / full.len() as f64;
+    assert!(
+        mean >= LIMIT as f64 / 2.0,
+        "only {mean:.1} a window: {per_window:?}"
+    );
+}

@@ -26,6 +26,7 @@ impl LocalTables {
                 let config = TableConfig {
                     capacity: per_shard,
                     origin,
+                    keep_unpublished: false,
                 };
                 Mutex::new(CounterTable::new(config, rand::random()))
             })

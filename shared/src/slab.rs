@@ -59,11 +59,16 @@ pub struct TableStats {
     /// Own cost dropped before the origin acknowledged it (an entry evicted from a table full
     /// of unreplayed entries, or a cell that aged out while the origin was unreachable).
     pub replay_lost: u64,
+    /// In a table that keeps unpublished counts (a region view): regional counts evicted
+    /// before a flush published them (the table was full of such entries).
+    pub unpublished_lost: u64,
 }
 
 /// The bounded map. Not thread-safe by design: a Wasm isolate owns one; a native process
 /// shards several behind locks.
 pub(crate) struct Slab {
+    /// Whether eviction passes over entries holding counts a flush has not published yet.
+    keep_unpublished: bool,
     /// Key hash → slot index. Small (4 bytes a bucket), so its own growth under churn is cheap.
     index: HashTable<u32>,
     pub(crate) slots: Vec<Slot>,
@@ -86,8 +91,9 @@ pub(crate) struct Slab {
 }
 
 impl Slab {
-    pub(crate) fn new(capacity: usize, seed: u64) -> Self {
+    pub(crate) fn new(capacity: usize, seed: u64, keep_unpublished: bool) -> Self {
         Self {
+            keep_unpublished,
             index: HashTable::new(),
             slots: Vec::new(),
             clock: Vec::new(),
@@ -184,6 +190,9 @@ impl Slab {
             self.slots.len() - 1
         } else {
             let i = self.victim();
+            if self.keep_unpublished {
+                self.stats.unpublished_lost += unpublished(&self.slots[i].state);
+            }
             self.release(i);
             self.stats.evicted += 1;
             self.slots[i] = fresh;
@@ -219,7 +228,7 @@ impl Slab {
             if self.pinned.contains(&self.hand) {
                 continue;
             }
-            if unacked(&self.slots[self.hand].state) > 0 && skipped < MAX_UNREPLAYED_SKIPS {
+            if self.pending(&self.slots[self.hand].state) > 0 && skipped < MAX_UNREPLAYED_SKIPS {
                 skipped += 1;
                 continue;
             }
@@ -265,6 +274,26 @@ impl Slab {
 }
 
 /// Own cost of both cells the origin has not acknowledged.
+/// Regional counts of a state's cells beyond what the last flush published.
+fn unpublished(state: &WindowState) -> u64 {
+    state.cells().iter().fold(0, |sum, (_, c)| {
+        sum.saturating_add(c.counts().regional.saturating_sub(c.last_flushed()))
+    })
+}
+
+impl Slab {
+    /// What evicting a state would lose: own cost not yet replayed, and, in a table that
+    /// keeps them, counts not yet published.
+    fn pending(&self, state: &WindowState) -> u64 {
+        let own = unacked(state);
+        if self.keep_unpublished {
+            own.saturating_add(unpublished(state))
+        } else {
+            own
+        }
+    }
+}
+
 pub(crate) fn unacked(state: &WindowState) -> u64 {
     state
         .current()

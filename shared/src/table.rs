@@ -29,6 +29,10 @@ pub struct TableConfig {
     pub capacity: usize,
     /// Origin settings.
     pub origin: OriginPolicy,
+    /// Eviction passes over entries whose counts a flush has not published yet (a region
+    /// view, whose flush is the only way those counts reach other regions); a table full of
+    /// them still evicts, and counts the loss in `TableStats::unpublished_lost`.
+    pub keep_unpublished: bool,
 }
 
 impl Default for TableConfig {
@@ -36,6 +40,7 @@ impl Default for TableConfig {
         Self {
             capacity: DEFAULT_CAPACITY,
             origin: OriginPolicy::default(),
+            keep_unpublished: false,
         }
     }
 }
@@ -126,7 +131,7 @@ impl CounterTable {
     pub fn new(config: TableConfig, seed: u64) -> Self {
         let capacity = config.capacity.clamp(MIN_CAPACITY, u32::MAX as usize);
         Self {
-            slab: Slab::new(capacity, seed),
+            slab: Slab::new(capacity, seed, config.keep_unpublished),
             config: TableConfig { capacity, ..config },
         }
     }

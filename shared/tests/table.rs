@@ -475,3 +475,79 @@ fn a_table_full_of_unreplayed_keys_still_takes_new_ones_and_counts_the_loss() {
         "every displaced pass is counted"
     );
 }
+
+/// A region view: counts merged from origin answers, published by flushes.
+fn view(capacity: usize) -> CounterTable {
+    CounterTable::new(
+        TableConfig {
+            capacity,
+            keep_unpublished: true,
+            ..TableConfig::default()
+        },
+        1,
+    )
+}
+
+/// Merges a regional count of `n` into `id`'s current cell, as an origin answer would.
+fn merge(t: &mut CounterTable, id: &str, n: u64) {
+    let k = key(id);
+    let sequence = k.duration().sequence(T0);
+    t.merge_counts(
+        k,
+        sequence,
+        Counts {
+            regional: n,
+            global: 0,
+        },
+        T0,
+    );
+}
+
+#[test]
+fn a_region_view_evicts_published_keys_before_unpublished_ones() {
+    let half = MIN_CAPACITY / 2;
+    for keep in [true, false] {
+        let mut t = if keep {
+            view(MIN_CAPACITY)
+        } else {
+            small(MIN_CAPACITY)
+        };
+        let unpublished: Vec<String> = (0..half).map(|i| format!("pending-{i}")).collect();
+        for id in &unpublished {
+            merge(&mut t, id, 7);
+        }
+        // The other half published: a flush wrote them all.
+        let published: Vec<String> = (0..half).map(|i| format!("done-{i}")).collect();
+        for id in &published {
+            merge(&mut t, id, 3);
+        }
+        let policy = PublishPolicy::from_fraction(0.0).unwrap();
+        let rows: Vec<_> = t
+            .flush_candidates(&policy, T0)
+            .into_iter()
+            .filter(|r| r.key.as_ref().identifier().starts_with("done-"))
+            .collect();
+        t.commit_flush(&rows);
+        // Pressure: new keys, with nothing to publish yet (a read of zero).
+        for i in 0..half {
+            merge(&mut t, &format!("new-{i}"), 0);
+        }
+        let kept = unpublished
+            .iter()
+            .filter(|id| t.get(key(id)).is_some())
+            .count();
+        if keep {
+            assert_eq!(kept, half, "every unpublished count survives");
+            assert_eq!(t.stats().unpublished_lost, 0);
+        } else {
+            assert!(kept < half, "a plain table evicts them alike ({kept} kept)");
+        }
+    }
+    // Full of unpublished counts, a view still makes room, and counts what it lost.
+    let mut t = view(MIN_CAPACITY);
+    for i in 0..MIN_CAPACITY * 2 {
+        merge(&mut t, &format!("flood-{i}"), 2);
+    }
+    assert!(t.stats().unpublished_lost > 0);
+    assert!(t.len() <= MIN_CAPACITY);
+}

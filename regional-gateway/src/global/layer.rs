@@ -71,6 +71,7 @@ impl Global {
             view: Mutex::new(CounterTable::new(
                 TableConfig {
                     capacity,
+                    keep_unpublished: true,
                     ..TableConfig::default()
                 },
                 rand::random(),
@@ -278,6 +279,10 @@ impl Global {
                 v.load(Ordering::Relaxed)
             ));
         }
+        out.push_str(&format!(
+            "# HELP strata_global_unpublished_dropped_total Regional counts the region view evicted before a flush published them (it was full of unpublished keys).\n# TYPE strata_global_unpublished_dropped_total counter\nstrata_global_unpublished_dropped_total {}\n",
+            self.view().stats().unpublished_lost
+        ));
         out.push_str(&format!(
             "# HELP strata_global_breaker_open 1 while the database breaker refuses calls.\n# TYPE strata_global_breaker_open gauge\nstrata_global_breaker_open {}\n",
             u8::from(self.breaker_open())

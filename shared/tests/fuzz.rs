@@ -1,6 +1,8 @@
 //! Structured fuzzing on the stable toolchain (proptest): the wire parsers and validators take
-//! arbitrary bytes and arbitrary JSON, and the core's decision API takes arbitrary sequences
-//! of operations with arbitrary origin answers; nothing may panic, and a few invariants hold.
+//! arbitrary bytes and arbitrary JSON, the rule parser arbitrary rule-shaped JSON (and what it
+//! accepts is applied to arbitrary requests through a gate), and the core's decision API takes
+//! arbitrary sequences of operations with arbitrary origin answers; nothing may panic, and a
+//! few invariants hold.
 //!
 //! The test command runs a short pass (`STRATA_FUZZ_CASES`, default 2,000 cases a property);
 //! `docs/BENCHMARKS.md` records a run of 10^6:
@@ -11,7 +13,9 @@
 
 use proptest::prelude::*;
 use serde_json::Value;
+use strata_core::gate::Gate;
 use strata_core::request::FailureMode;
+use strata_core::rules::{RequestView, RuleSet};
 use strata_core::table::{LimitRequest, Step};
 use strata_core::wire::{
     DecideRequest, MultiRequest, RatelimitRequest, ReadRequest, ReplayRequest,
@@ -46,26 +50,67 @@ fn parse_all(bytes: &[u8]) {
     );
 }
 
+/// The API bodies' field names.
+const API_FIELDS: &[&str] = &[
+    "namespace",
+    "identifier",
+    "limit",
+    "duration",
+    "cost",
+    "sequence",
+    "used",
+    "used_previous",
+    "want",
+    "release",
+    "instance",
+    "limits",
+    "cells",
+    "events",
+    "x",
+];
+
+/// The rule model's field names (rules, matches, actions, header matchers, costs).
+const RULE_FIELDS: &[&str] = &[
+    "rules",
+    "name",
+    "namespace",
+    "limit",
+    "duration",
+    "cost",
+    "shadow",
+    "match",
+    "actions",
+    "methods",
+    "hosts",
+    "path_prefix",
+    "headers",
+    "request_headers",
+    "header_name",
+    "descriptor_key",
+    "skip_if_absent",
+    "remote_address",
+    "generic_key",
+    "descriptor_value",
+    "header_value_match",
+    "expect_match",
+    "exact_match",
+    "prefix_match",
+    "present_match",
+    "invert_match",
+    "header",
+    "default",
+    "max",
+];
+
 /// JSON values shaped like the API's bodies: its field names, numbers at the edges (negative,
 /// past 2^53, past u64), strings with any characters, nesting.
 fn json() -> impl Strategy<Value = Value> {
-    let field = prop_oneof![
-        Just("namespace"),
-        Just("identifier"),
-        Just("limit"),
-        Just("duration"),
-        Just("cost"),
-        Just("sequence"),
-        Just("used"),
-        Just("used_previous"),
-        Just("want"),
-        Just("release"),
-        Just("instance"),
-        Just("limits"),
-        Just("cells"),
-        Just("events"),
-        Just("x"),
-    ];
+    json_with(API_FIELDS)
+}
+
+/// JSON values whose objects use `fields` as keys, with edge-case numbers and any strings.
+fn json_with(fields: &'static [&'static str]) -> impl Strategy<Value = Value> {
+    let field = prop::sample::select(fields);
     let number = prop_oneof![
         any::<u64>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
@@ -79,8 +124,16 @@ fn json() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         number,
         ".{0,300}".prop_map(Value::String),
+        prop_oneof![
+            Just("1m"),
+            Just("500ms"),
+            Just("x-key"),
+            Just("/api"),
+            Just("GET")
+        ]
+        .prop_map(|s| Value::String(s.to_string())),
     ];
-    leaf.prop_recursive(4, 64, 8, move |inner| {
+    leaf.prop_recursive(5, 96, 8, move |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
             prop::collection::vec((field.clone(), inner), 0..10).prop_map(|kv| {
@@ -88,6 +141,158 @@ fn json() -> impl Strategy<Value = Value> {
             }),
         ]
     })
+}
+
+/// Rules in the schema's shape with arbitrary values, so most parse and reach the gate.
+fn shaped_rule() -> impl Strategy<Value = Value> {
+    // Mostly valid values (so most rules parse and reach the gate), sometimes not.
+    let header = prop_oneof![
+        3 => Just("x-key".to_string()),
+        3 => Just("x-cost".to_string()),
+        3 => "[a-z-]{1,10}",
+        1 => ".{0,12}",
+    ];
+    let matcher = (
+        header.clone(),
+        prop_oneof![
+            ".{0,20}".prop_map(|v| serde_json::json!({"exact_match": v})),
+            ".{0,20}".prop_map(|v| serde_json::json!({"prefix_match": v})),
+            any::<bool>().prop_map(|v| serde_json::json!({"present_match": v})),
+        ],
+        any::<bool>(),
+    )
+        .prop_map(|(name, mut test, invert)| {
+            test["name"] = Value::String(name);
+            test["invert_match"] = Value::Bool(invert);
+            test
+        });
+    let action = prop_oneof![
+        (header.clone(), "[a-z]{1,8}|.{0,12}", any::<bool>()).prop_map(
+            |(h, k, skip)| serde_json::json!(
+                {"request_headers": {"header_name": h, "descriptor_key": k, "skip_if_absent": skip}}
+            )
+        ),
+        Just(serde_json::json!({"remote_address": {}})),
+        ".{0,40}".prop_map(|v| serde_json::json!({"generic_key": {"descriptor_value": v}})),
+        (
+            ".{0,12}",
+            any::<bool>(),
+            prop::collection::vec(matcher.clone(), 0..3)
+        )
+            .prop_map(
+                |(v, expect, headers)| serde_json::json!({"header_value_match": {
+                "descriptor_value": v, "expect_match": expect, "headers": headers}})
+            ),
+    ];
+    let cost = prop_oneof![
+        (0_u64..10).prop_map(Value::from),
+        (header, 0_u64..5, 0_u64..20)
+            .prop_map(|(h, d, m)| serde_json::json!({"header": h, "default": d, "max": m})),
+    ];
+    (
+        ".{0,20}",
+        0_u64..50,
+        prop_oneof![
+            Just(Value::from("1s")),
+            Just(Value::from(60_000)),
+            Just(Value::from("0s"))
+        ],
+        cost,
+        any::<bool>(),
+        prop::collection::vec(action, 1..4),
+        prop::option::of(".{0,10}"),
+        prop::collection::vec(matcher, 0..2),
+    )
+        .prop_map(
+            |(namespace, limit, duration, cost, shadow, actions, prefix, headers)| {
+                let mut m = serde_json::json!({"headers": headers});
+                if let Some(p) = prefix {
+                    m["path_prefix"] = Value::String(format!("/{p}"));
+                }
+                serde_json::json!({"namespace": namespace, "limit": limit, "duration": duration,
+                    "cost": cost, "shadow": shadow, "actions": actions, "match": m})
+            },
+        )
+}
+
+/// A request with arbitrary parts, as the rules read it.
+#[derive(Clone, Debug)]
+struct FuzzRequest {
+    method: String,
+    host: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    peer: Option<String>,
+}
+
+impl RequestView for FuzzRequest {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn host(&self) -> &str {
+        &self.host
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+    fn peer_address(&self) -> Option<&str> {
+        self.peer.as_deref()
+    }
+}
+
+fn request() -> impl Strategy<Value = FuzzRequest> {
+    let name = prop_oneof![
+        Just("x-key".to_string()),
+        Just("x-cost".to_string()),
+        Just("x-forwarded-for".to_string()),
+        Just("cf-connecting-ip".to_string()),
+        "[a-z-]{1,12}",
+    ];
+    (
+        prop_oneof![Just("GET".to_string()), ".{0,8}"],
+        ".{0,40}",
+        prop_oneof![Just("/api/x".to_string()), ".{0,80}"],
+        prop::collection::vec((name, ".{0,300}"), 0..6),
+        prop::option::of(".{0,40}"),
+    )
+        .prop_map(|(method, host, path, headers, peer)| FuzzRequest {
+            method,
+            host,
+            path,
+            headers,
+            peer,
+        })
+}
+
+/// Rules from arbitrary JSON: parsed, and if valid, applied to requests through a gate and a
+/// table (the origin failing, so every request is decided from memory).
+fn rules_and_requests(rules: &Value, requests: &[FuzzRequest]) {
+    let _ = RuleSet::from_json(&rules.to_string());
+    let Ok(gate) = Gate::from_json("ws", &rules.to_string(), "") else {
+        return;
+    };
+    let mut table = CounterTable::new(TableConfig::default(), 3);
+    for (i, r) in requests.iter().enumerate() {
+        let now = 1_700_000_000_000 + i as u64 * 250;
+        let Ok(mut pending) = gate.start(&mut table, r, now) else {
+            continue;
+        };
+        let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
+        for g in groups {
+            pending.fail(&mut table, g, FailureMode::Local, now);
+        }
+        let reply = pending.reply(gate.options(), now);
+        assert!(reply.status == 200 || reply.status == 429);
+        for s in pending.subjects() {
+            assert!(!s.identifier.is_empty() && s.identifier.len() <= 255);
+        }
+    }
 }
 
 /// One operation on a table, with arbitrary values.
@@ -316,5 +521,30 @@ proptest! {
     #[test]
     fn arbitrary_operations_never_panic_the_decision_api(ops in prop::collection::vec(op(), 1..60)) {
         drive(&ops);
+    }
+
+    #[test]
+    fn arbitrary_rules_never_panic_the_parser_or_the_gate(
+        rule in json_with(RULE_FIELDS),
+        requests in prop::collection::vec(request(), 0..8),
+    ) {
+        rules_and_requests(&rule, &requests);
+        rules_and_requests(&serde_json::json!({"rules": [rule]}), &requests);
+    }
+
+    #[test]
+    fn shaped_rules_with_arbitrary_values_never_panic_the_gate(
+        rules in prop::collection::vec(shaped_rule(), 1..3),
+        requests in prop::collection::vec(request(), 0..8),
+    ) {
+        rules_and_requests(&serde_json::json!({ "rules": rules }), &requests);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_rule_parser(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            let _ = RuleSet::from_json(text);
+            let _ = Gate::from_json("ws", "{\"rules\": []}", text);
+        }
     }
 }

@@ -141,13 +141,7 @@ impl Edge {
     pub fn new(rules: &str, options: &str, region: &str) -> Result<Edge, JsError> {
         let gate = Gate::from_json(LOCAL_WORKSPACE, rules, options)
             .map_err(|e| JsError::new(&e.to_string()))?;
-        let region: String = region
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .take(24)
-            .collect();
-        let prefix = if region.is_empty() { "edge" } else { &region };
-        let instance = format!("{prefix}-{:016x}", random_u64());
+        let instance = strata_core::wire::instance_id(region, "edge", random_u64());
         Ok(Edge {
             mode: gate.options().failure_mode.into(),
             gate,
@@ -247,10 +241,7 @@ impl Edge {
         now_ms: f64,
     ) -> bool {
         self.stats.origin_calls += 1;
-        let parsed = (status == 200)
-            .then(|| serde_json::from_str::<DecideResponse>(body).ok())
-            .flatten();
-        let Some(response) = parsed else {
+        let Some(response) = DecideResponse::from_answer(status, body.as_bytes()) else {
             self.fail(request, group, now_ms);
             return false;
         };
@@ -311,11 +302,7 @@ impl Edge {
     /// The gateway answered a replay: merges the counts it returned. A failure needs nothing
     /// (the next batch carries the same cumulative counts); returns whether it was taken.
     pub fn ack_replay(&mut self, batch: &ReplayOut, status: u16, body: &str) -> bool {
-        let parsed = (status == 200)
-            .then(|| serde_json::from_str::<CellsResponse>(body).ok())
-            .flatten()
-            .filter(|r| r.cells.len() == batch.batch.len());
-        match parsed {
+        match CellsResponse::from_answer(status, body.as_bytes(), batch.batch.len()) {
             Some(response) => {
                 self.stats.replays += 1;
                 self.table.ack_replay(&batch.batch, &response.cells);

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use strata_core::rules::RequestView;
+use strata_core::rules::{RequestView, host_of, path_of};
 
 /// The parts of a `Request` the rules read, borrowed from the strings JavaScript passed.
 /// Headers arrive as one string, `name\nvalue\n` per header with lower-case names (as a
@@ -21,7 +21,7 @@ impl<'a> JsRequest<'a> {
     /// A view of a request to `url`.
     pub fn new(method: &'a str, url: &'a str, headers: &'a str, peer: Option<&'a str>) -> Self {
         let (host, path) = split_url(url);
-        let host = find(headers, "host").map_or(host, split_host);
+        let host = find(headers, "host").map_or(host, host_of);
         Self {
             method: upper(method),
             host: lower(host),
@@ -81,24 +81,11 @@ impl RequestView for JsRequest<'_> {
 /// query or fragment (`/` when empty).
 fn split_url(url: &str) -> (&str, &str) {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (authority, path) = match rest.find(['/', '?', '#']) {
+    let (authority, target) = match rest.find(['/', '?', '#']) {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    (
-        split_host(authority),
-        if path.is_empty() { "/" } else { path },
-    )
-}
-
-/// A host without user info or port (`[v6]` literals keep their brackets).
-fn split_host(authority: &str) -> &str {
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.starts_with('[') {
-        return host.split_inclusive(']').next().unwrap_or(host);
-    }
-    host.split(':').next().unwrap_or(host)
+    (host_of(authority), path_of(target))
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@ use strata_core::gate::{ENFORCED, Pending, Reply, SHADOW};
 use strata_core::identity::WindowKeyRef;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin, FailureMode};
-use strata_core::rules::RequestView;
+use strata_core::rules::{ListRequest, address_of, host_of, path_of};
 use strata_core::snapshot::decode_entry;
 use strata_core::table::LimitRequest;
-use strata_core::wire::{CellsResponse, DecideResponse};
+use strata_core::wire::{CellsResponse, DecideResponse, instance_id};
 use strata_core::{CounterTable, TableConfig, WindowDuration};
 
 use crate::config::Config;
@@ -75,51 +75,20 @@ pub struct Vm {
     next_replay_ms: u64,
 }
 
-/// The request as Envoy's headers give it.
-struct EnvoyRequest {
-    headers: Vec<(String, String)>,
-    peer: Option<String>,
-}
-
-impl EnvoyRequest {
-    fn pseudo(&self, name: &str) -> &str {
-        self.headers
+/// The request as Envoy's headers give it: the pseudo-headers read into the rules' view.
+fn envoy_request(headers: Vec<(String, String)>, peer: Option<String>) -> ListRequest {
+    let pseudo = |name: &str| {
+        headers
             .iter()
             .find(|(k, _)| k == name)
             .map_or("", |(_, v)| v.as_str())
-    }
-}
-
-impl RequestView for EnvoyRequest {
-    fn method(&self) -> &str {
-        self.pseudo(":method")
-    }
-    fn host(&self) -> &str {
-        let authority = self.pseudo(":authority");
-        if authority.starts_with('[') {
-            return authority.split_inclusive(']').next().unwrap_or(authority);
-        }
-        authority.split(':').next().unwrap_or(authority)
-    }
-    fn path(&self) -> &str {
-        let path = self.pseudo(":path");
-        path.split(['?', '#']).next().unwrap_or(path)
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-    fn peer_address(&self) -> Option<&str> {
-        let peer = self.peer.as_deref()?;
-        // `ip:port` or `[v6]:port`: the address without the port.
-        Some(match peer.rsplit_once(':') {
-            Some((ip, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
-                ip.trim_start_matches('[').trim_end_matches(']')
-            }
-            _ => peer,
-        })
+    };
+    ListRequest {
+        method: pseudo(":method").to_string(),
+        host: host_of(pseudo(":authority")).to_string(),
+        path: path_of(pseudo(":path")).to_string(),
+        peer: peer.as_deref().map(|p| address_of(p).to_string()),
+        headers,
     }
 }
 
@@ -127,16 +96,10 @@ impl Vm {
     /// A VM's state for `config`; defines its metrics.
     pub fn new(config: Config, host: &impl Host) -> Self {
         let metrics = Metrics::define(host, &config.stat_prefix);
-        let region: String = config
-            .region
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .take(24)
-            .collect();
         let vm_tag = host.random_u64();
-        let vm_instance = format!("{region}-{vm_tag:016x}");
+        let vm_instance = instance_id(&config.region, "envoy", vm_tag);
         let slots = (config.shared_slots > 0).then(|| {
-            let fresh = format!("{region}-{:016x}", host.random_u64());
+            let fresh = instance_id(&config.region, "envoy", host.random_u64());
             Slots::seed(host, config.shared_slots, &fresh)
         });
         Self {
@@ -270,10 +233,7 @@ impl Vm {
     /// `on_http_request_headers` of HTTP context `context`.
     pub fn on_request(&mut self, host: &impl Host, context: u32) -> Verdict {
         let now = host.now_ms();
-        let request = EnvoyRequest {
-            headers: host.request_headers(),
-            peer: host.peer_address(),
-        };
+        let request = envoy_request(host.request_headers(), host.peer_address());
         let begun = self.begin_request(host, &request, now);
         let (subjects, begun, shared) = match begun {
             Ok(b) => b,
@@ -344,7 +304,7 @@ impl Vm {
     fn begin_request(
         &mut self,
         host: &impl Host,
-        request: &EnvoyRequest,
+        request: &ListRequest,
         now: u64,
     ) -> Result<
         (
@@ -412,9 +372,7 @@ impl Vm {
         let Some(mut paused) = self.paused.remove(&context) else {
             return;
         };
-        let parsed = (status == 200)
-            .then(|| serde_json::from_slice::<DecideResponse>(&body).ok())
-            .flatten();
+        let parsed = DecideResponse::from_answer(status, &body);
         if parsed.is_none() {
             host.log(
                 true,
@@ -667,11 +625,7 @@ impl Vm {
         let Some(replay) = taken else {
             return;
         };
-        let parsed = (status == 200)
-            .then(|| serde_json::from_slice::<CellsResponse>(body).ok())
-            .flatten()
-            .filter(|r| r.cells.len() == replay.batch.len());
-        let Some(response) = parsed else {
+        let Some(response) = CellsResponse::from_answer(status, body, replay.batch.len()) else {
             self.metrics.add(host, Metric::ReplayFailures, 1);
             host.log(
                 true,

@@ -79,10 +79,15 @@ impl Slots {
                 let _ = host.shared_set(key, b"", None);
             }
         }
-        for n in 0..count {
-            let key = format!("strata.slot.{n}");
-            if host.shared_get(&key).1.is_none() {
-                let _ = host.shared_set(&key, b"", None);
+        // The first VM creates them all, in order: once the last exists, the rest do too, and
+        // the other VMs skip the walk.
+        let last = format!("strata.slot.{}", count.saturating_sub(1));
+        if host.shared_get(&last).1.is_none() {
+            for n in 0..count {
+                let key = format!("strata.slot.{n}");
+                if host.shared_get(&key).1.is_none() {
+                    let _ = host.shared_set(&key, b"", None);
+                }
             }
         }
         if host.shared_get(INSTANCE_KEY).0.is_none_or(|v| v.is_empty()) {

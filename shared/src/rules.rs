@@ -40,6 +40,75 @@ pub trait RequestView {
     fn peer_address(&self) -> Option<&str>;
 }
 
+/// A request held as its parts, with the headers as a list of lower-case `(name, value)`
+/// pairs: how a shell that gets headers as a list (Envoy) hands a request to the rules.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListRequest {
+    /// Upper-case method.
+    pub method: String,
+    /// Host without port (see [`host_of`]).
+    pub host: String,
+    /// Path without query (see [`path_of`]).
+    pub path: String,
+    /// Lower-case names; the first pair of a name wins.
+    pub headers: Vec<(String, String)>,
+    /// The peer's address without port (see [`address_of`]).
+    pub peer: Option<String>,
+}
+
+impl RequestView for ListRequest {
+    fn method(&self) -> &str {
+        &self.method
+    }
+    fn host(&self) -> &str {
+        &self.host
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+    fn peer_address(&self) -> Option<&str> {
+        self.peer.as_deref()
+    }
+}
+
+/// The host of an authority (`Host` header, `:authority`, a URL's): without user info or
+/// port; a `[v6]` literal keeps its brackets.
+pub fn host_of(authority: &str) -> &str {
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.starts_with('[') {
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    host.split(':').next().unwrap_or(host)
+}
+
+/// A request target's path, without query or fragment (`/` when empty).
+pub fn path_of(target: &str) -> &str {
+    let path = target.split(['?', '#']).next().unwrap_or("");
+    if path.is_empty() { "/" } else { path }
+}
+
+/// A peer address (`ip:port`, `[v6]:port`, or a bare address) without its port.
+pub fn address_of(peer: &str) -> &str {
+    match peer.rsplit_once(':') {
+        Some((ip, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            if ip.starts_with('[') {
+                ip.trim_start_matches('[').trim_end_matches(']')
+            } else if ip.contains(':') {
+                peer // a bare IPv6 address: its last group is not a port
+            } else {
+                ip
+            }
+        }
+        _ => peer,
+    }
+}
+
 /// A configuration error: the field at fault and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleError {

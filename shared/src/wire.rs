@@ -487,6 +487,39 @@ impl MultiRequest {
     }
 }
 
+impl DecideResponse {
+    /// A gateway's answer to a decide call, if it is one: a `200` whose body parses. Anything
+    /// else (an error status, a proxy's page, a truncated body) is a failed call.
+    pub fn from_answer(status: u16, body: &[u8]) -> Option<Self> {
+        (status == 200)
+            .then(|| serde_json::from_slice(body).ok())
+            .flatten()
+    }
+}
+
+impl CellsResponse {
+    /// A gateway's answer to a replay of `cells` cells, if it is one: a `200` whose body
+    /// parses and holds one entry per cell.
+    pub fn from_answer(status: u16, body: &[u8], cells: usize) -> Option<Self> {
+        (status == 200)
+            .then(|| serde_json::from_slice::<Self>(body).ok())
+            .flatten()
+            .filter(|r| r.cells.len() == cells)
+    }
+}
+
+/// A process's instance id: its region's letters, digits and `-` (at most 24; `fallback` when
+/// none), then 64 random bits in hex. Always passes [`validate_instance`].
+pub fn instance_id(region: &str, fallback: &str, bits: u64) -> String {
+    let prefix: String = region
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(24)
+        .collect();
+    let prefix = if prefix.is_empty() { fallback } else { &prefix };
+    format!("{prefix}-{bits:016x}")
+}
+
 /// Validates an instance id: 1–64 bytes of `[A-Za-z0-9_-]`.
 pub fn validate_instance(instance: &str) -> Result<(), WireError> {
     let ok = (1..=MAX_INSTANCE_BYTES).contains(&instance.len())

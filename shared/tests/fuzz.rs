@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use serde_json::Value;
 use strata_core::gate::Gate;
 use strata_core::request::FailureMode;
-use strata_core::rules::{RequestView, RuleSet};
+use strata_core::rules::{ListRequest, RuleSet};
 use strata_core::table::{LimitRequest, Step};
 use strata_core::wire::{
     DecideRequest, MultiRequest, RatelimitRequest, ReadRequest, ReplayRequest,
@@ -216,37 +216,7 @@ fn shaped_rule() -> impl Strategy<Value = Value> {
 }
 
 /// A request with arbitrary parts, as the rules read it.
-#[derive(Clone, Debug)]
-struct FuzzRequest {
-    method: String,
-    host: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    peer: Option<String>,
-}
-
-impl RequestView for FuzzRequest {
-    fn method(&self) -> &str {
-        &self.method
-    }
-    fn host(&self) -> &str {
-        &self.host
-    }
-    fn path(&self) -> &str {
-        &self.path
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-    fn peer_address(&self) -> Option<&str> {
-        self.peer.as_deref()
-    }
-}
-
-fn request() -> impl Strategy<Value = FuzzRequest> {
+fn request() -> impl Strategy<Value = ListRequest> {
     let name = prop_oneof![
         Just("x-key".to_string()),
         Just("x-cost".to_string()),
@@ -261,7 +231,7 @@ fn request() -> impl Strategy<Value = FuzzRequest> {
         prop::collection::vec((name, ".{0,300}"), 0..6),
         prop::option::of(".{0,40}"),
     )
-        .prop_map(|(method, host, path, headers, peer)| FuzzRequest {
+        .prop_map(|(method, host, path, headers, peer)| ListRequest {
             method,
             host,
             path,
@@ -272,7 +242,7 @@ fn request() -> impl Strategy<Value = FuzzRequest> {
 
 /// Rules from arbitrary JSON: parsed, and if valid, applied to requests through a gate and a
 /// table (the origin failing, so every request is decided from memory).
-fn rules_and_requests(rules: &Value, requests: &[FuzzRequest]) {
+fn rules_and_requests(rules: &Value, requests: &[ListRequest]) {
     let _ = RuleSet::from_json(&rules.to_string());
     let Ok(gate) = Gate::from_json("ws", &rules.to_string(), "") else {
         return;

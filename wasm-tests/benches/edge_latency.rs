@@ -11,23 +11,13 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::process::GatewayProcess;
 use common::upstream::Upstream;
 use common::workerd::Workerd;
 
 const REQUESTS: usize = 5_000;
-
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i].as_secs_f64() * 1e6
-}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -76,18 +66,18 @@ async fn main() {
     );
     println!(
         "  pass-through worker   p50 {:7.0} us   p99 {:7.0} us",
-        percentile(p, 0.5),
-        percentile(p, 0.99)
+        common::percentile_us(p, 0.5),
+        common::percentile_us(p, 0.99)
     );
     println!(
         "  strata edge (warm)    p50 {:7.0} us   p99 {:7.0} us",
-        percentile(e, 0.5),
-        percentile(e, 0.99)
+        common::percentile_us(e, 0.5),
+        common::percentile_us(e, 0.99)
     );
     println!(
         "  added                 p50 {:7.0} us   p99 {:7.0} us",
-        percentile(e, 0.5) - percentile(p, 0.5),
-        percentile(e, 0.99) - percentile(p, 0.99)
+        common::percentile_us(e, 0.5) - common::percentile_us(p, 0.5),
+        common::percentile_us(e, 0.99) - common::percentile_us(p, 0.99)
     );
     let dist = common::root().join("edge/dist");
     let wasm = std::fs::metadata(dist.join("strata_edge_bg.wasm"))

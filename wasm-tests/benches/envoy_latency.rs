@@ -23,16 +23,6 @@ use common::upstream::{Upstream, port_of};
 
 const REQUESTS: usize = 5_000;
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i].as_secs_f64() * 1e6
-}
-
 async fn throughput(http: &reqwest::Client, base: &str) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs(5);
@@ -109,11 +99,17 @@ async fn main() {
     let base = {
         let t = &mut times[0];
         t.sort();
-        (percentile(t, 0.5), percentile(t, 0.99))
+        (
+            common::percentile_us(t, 0.5),
+            common::percentile_us(t, 0.99),
+        )
     };
     for (((name, _), e), t) in filters.iter().zip(&envoys).zip(&mut times) {
         t.sort();
-        let (p50, p99) = (percentile(t, 0.5), percentile(t, 0.99));
+        let (p50, p99) = (
+            common::percentile_us(t, 0.5),
+            common::percentile_us(t, 0.99),
+        );
         let rate = throughput(&http, &format!("{}/items", e.base)).await;
         println!(
             "  {name:22} p50 {p50:6.0} us (+{:4.0})   p99 {p99:6.0} us (+{:5.0})   {rate:7.0} req/s",

@@ -52,3 +52,14 @@ pub fn gateway_binary() -> PathBuf {
     );
     bin
 }
+
+/// The `p` quantile of sorted durations, in microseconds (the latency benches).
+pub fn percentile_us(sorted: &[std::time::Duration], p: f64) -> f64 {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((sorted.len().saturating_sub(1)) as f64 * p).round() as usize;
+    sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}

@@ -1,12 +1,11 @@
-//! The HTTP API v1: routes, the JSON body extractor (our error shape for
-//! every malformed or oversized body), and thin handlers that validate, call the limiter or
+//! The HTTP API v1: routes, authorization and the JSON body (our error shape for every
+//! malformed or oversized body), and thin handlers that validate, call the limiter or
 //! the origin, and answer.
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, RETRY_AFTER};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -41,63 +40,48 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// A JSON body, read with the API's size bound; failures answer in the API's error shape.
-#[derive(Debug)]
-pub struct JsonBody<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let too_large = || {
-            ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
-            )
-        };
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
-            return Err(too_large());
-        }
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
-            .await
-            .map_err(|_| too_large())?;
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
-            ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("malformed JSON body: {e}"),
-            )
-        })
-    }
-}
-
 /// The workspace the request's bearer token binds, checked before the body is read (an
-/// unauthenticated caller gets a 401 without making the gateway read up to 1 MiB).
-#[derive(Debug)]
-pub struct Workspace(pub String);
-
-impl FromRequestParts<Arc<Gateway>> for Workspace {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        gw: &Arc<Gateway>,
-    ) -> Result<Self, Self::Rejection> {
-        gw.auth
-            .workspace(&parts.headers)
-            .map(|w| Self(w.to_string()))
+/// unauthenticated caller gets a 401 without making the gateway read up to 1 MiB), and the JSON
+/// body, read with the API's size bound; failures answer in the API's error shape. The
+/// workspace is borrowed from the token table: nothing is copied per request.
+async fn authorized<T: DeserializeOwned>(
+    gw: &Gateway,
+    req: Request,
+) -> Result<(&str, T), ApiError> {
+    let workspace = gw.auth.workspace(req.headers())?;
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+        return Err(too_large());
     }
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+        .await
+        .map_err(|_| too_large())?;
+    let body = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("malformed JSON body: {e}"),
+        )
+    })?;
+    Ok((workspace, body))
 }
 
-/// The rate-limit response headers for a decision (the policy is named by its namespace).
-fn limit_headers(
+/// Adds the rate-limit response headers for the decisions to `headers` (the policy is named
+/// by its namespace). Values move into the header map without a copy.
+fn put_limit_headers(
+    headers: &mut HeaderMap,
     limits: &[(&str, strata_core::WindowDuration, &Decision)],
     now_ms: u64,
-) -> HeaderMap {
+) {
     let described: Vec<HeaderLimit<'_>> = limits
         .iter()
         .map(|&(policy, duration, decision)| HeaderLimit {
@@ -107,48 +91,44 @@ fn limit_headers(
         })
         .collect();
     let v = header_values(&described, now_ms);
-    let mut headers = HeaderMap::new();
-    let mut put = |name: &'static str, value: &str| {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), value);
+    let mut put = |name: HeaderName, value: String| {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name, value);
         }
     };
-    put("ratelimit-policy", &v.policy);
-    put("ratelimit", &v.ratelimit);
-    put("x-ratelimit-limit", &v.legacy_limit);
-    put("x-ratelimit-remaining", &v.legacy_remaining);
-    put("x-ratelimit-reset", &v.legacy_reset);
-    if let Some(retry) = v
-        .retry_after
-        .as_deref()
-        .and_then(|r| HeaderValue::from_str(r).ok())
-    {
-        headers.insert(RETRY_AFTER, retry);
+    put(HeaderName::from_static("ratelimit-policy"), v.policy);
+    put(HeaderName::from_static("ratelimit"), v.ratelimit);
+    put(HeaderName::from_static("x-ratelimit-limit"), v.legacy_limit);
+    put(
+        HeaderName::from_static("x-ratelimit-remaining"),
+        v.legacy_remaining,
+    );
+    put(HeaderName::from_static("x-ratelimit-reset"), v.legacy_reset);
+    if let Some(retry) = v.retry_after {
+        put(RETRY_AFTER, retry);
     }
-    headers
 }
 
-async fn ratelimit(
-    State(gw): State<Arc<Gateway>>,
-    Workspace(workspace): Workspace,
-    JsonBody(req): JsonBody<RatelimitRequest>,
-) -> Result<Response, ApiError> {
-    let limit = req.validate(&workspace)?;
+async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    let (workspace, req): (&str, RatelimitRequest) = authorized(&gw, req).await?;
+    let limit = req.validate(workspace)?;
     let decision = gw.limiter.decide(limit).await;
     let now = gw.limiter.clock.now_ms();
-    let headers = limit_headers(
+    let mut response = Json(RatelimitResponse::from(&decision)).into_response();
+    put_limit_headers(
+        response.headers_mut(),
         &[(limit.key.namespace(), limit.key.duration(), &decision)],
         now,
     );
-    Ok((headers, Json(RatelimitResponse::from(&decision))).into_response())
+    Ok(response)
 }
 
 async fn ratelimit_multi(
     State(gw): State<Arc<Gateway>>,
-    Workspace(workspace): Workspace,
-    JsonBody(req): JsonBody<MultiRequest>,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let limits = req.validate(&workspace)?;
+    let (workspace, req): (&str, MultiRequest) = authorized(&gw, req).await?;
+    let limits = req.validate(workspace)?;
     let multi = gw.limiter.decide_all(&limits).await;
     let now = gw.limiter.clock.now_ms();
     let described: Vec<_> = limits
@@ -156,7 +136,6 @@ async fn ratelimit_multi(
         .zip(&multi.decisions)
         .map(|(l, d)| (l.key.namespace(), l.key.duration(), d))
         .collect();
-    let headers = limit_headers(&described, now);
     let body = MultiResponse {
         success: multi.success,
         results: multi
@@ -165,15 +144,17 @@ async fn ratelimit_multi(
             .map(RatelimitResponse::from)
             .collect(),
     };
-    Ok((headers, Json(body)).into_response())
+    let mut response = Json(body).into_response();
+    put_limit_headers(response.headers_mut(), &described, now);
+    Ok(response)
 }
 
 async fn origin_read(
     State(gw): State<Arc<Gateway>>,
-    Workspace(workspace): Workspace,
-    JsonBody(req): JsonBody<ReadRequest>,
+    req: Request,
 ) -> Result<Json<CellsResponse>, ApiError> {
-    let cells = req.validate(&workspace)?;
+    let (workspace, req): (&str, ReadRequest) = authorized(&gw, req).await?;
+    let cells = req.validate(workspace)?;
     let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
     let now = gw.limiter.clock.now_ms();
     let answers = gw.limiter.origin.read(&reads, now).await?;
@@ -188,10 +169,10 @@ async fn origin_read(
 
 async fn origin_replay(
     State(gw): State<Arc<Gateway>>,
-    Workspace(workspace): Workspace,
-    JsonBody(req): JsonBody<ReplayRequest>,
+    req: Request,
 ) -> Result<Json<CellsResponse>, ApiError> {
-    let events = req.validate(&workspace)?;
+    let (workspace, req): (&str, ReplayRequest) = authorized(&gw, req).await?;
+    let events = req.validate(workspace)?;
     let now = gw.limiter.clock.now_ms();
     // A clock may be a window ahead of this one, not more: a cell further on is no real clock's.
     for (i, e) in events.iter().enumerate() {
@@ -226,10 +207,10 @@ async fn origin_replay(
 
 async fn origin_decide(
     State(gw): State<Arc<Gateway>>,
-    Workspace(workspace): Workspace,
-    JsonBody(req): JsonBody<DecideRequest>,
+    req: Request,
 ) -> Result<Json<DecideResponse>, ApiError> {
-    let limits = req.validate(&workspace)?;
+    let (workspace, req): (&str, DecideRequest) = authorized(&gw, req).await?;
+    let limits = req.validate(workspace)?;
     let now = gw.limiter.clock.now_ms();
     let request: Vec<DecideLimit<'_>> = limits
         .iter()

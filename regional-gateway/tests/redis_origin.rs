@@ -239,6 +239,74 @@ async fn replaying_the_same_batch_twice_counts_once() {
     assert_eq!(read, vec![9, 5]);
 }
 
+/// The commands Redis ran (scripts' own included), by name, from `INFO commandstats`.
+fn commands(redis: &RedisServer) -> std::collections::HashMap<String, u64> {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// What a replay costs Redis: one script call per batch, at most three commands per cell
+/// inside it, and a cell's expiry set once (by the process's first write), not per replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_batch_is_one_script_call_and_sets_expiry_once_per_cell() {
+    const CELLS: u64 = 200;
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let origin = &g.gateway.limiter.origin;
+    let seq = T0 / 60_000;
+    let ids: Vec<String> = (0..CELLS).map(|i| format!("cost-{i}")).collect();
+    let batch = |used| -> Vec<CellUsed<'_>> {
+        ids.iter()
+            .map(|id| CellUsed {
+                key: key(id),
+                sequence: seq,
+                used,
+                release: 0,
+            })
+            .collect()
+    };
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for used in 1..=5 {
+        let counts = origin.replay("gw-1", &batch(used), T0).await.unwrap();
+        assert!(counts.iter().all(|c| *c == Some(used)), "{counts:?}");
+    }
+    let ran = commands(&redis);
+    let get = |name: &str| ran.get(name).copied().unwrap_or(0);
+    let in_scripts: u64 = ran
+        .iter()
+        .filter(|(name, _)| {
+            !matches!(
+                name.as_str(),
+                "evalsha" | "eval" | "script|load" | "config|resetstat" | "info"
+            )
+        })
+        .map(|(_, calls)| calls)
+        .sum();
+    println!("5 replays of {CELLS} cells: {ran:?}");
+    assert_eq!(get("evalsha") + get("eval"), 5, "one script call per batch");
+    assert_eq!(get("pexpire"), CELLS, "expiry set once per cell");
+    assert!(
+        in_scripts <= 3 * 5 * CELLS + CELLS,
+        "{in_scripts} commands for {} cell replays",
+        5 * CELLS
+    );
+    let ttl: i64 = redis
+        .cli(&["PTTL", &cell_key(key("cost-7"), seq)])
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 180_000,
+        "a cell created by a replay expires three windows on: {ttl} ms"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_holding_a_foreign_value_fails_alone() {
     let redis = RedisServer::start();

@@ -38,9 +38,10 @@ pub struct CellState {
     /// out or failed, and the request was decided by the failure mode); 0: none. The next
     /// call asks the origin to undo whatever it counted since, so the request counts once.
     pub(crate) uncertain_from: u64,
-    /// `own` as the last replay pass saw it while a lease was held (`u64::MAX`: not seen since
-    /// the lease was granted): a lease is idle when a whole pass went by without a local pass.
-    pub(crate) idle_mark: u64,
+    /// The last replay pass (this process's clock) that found the lease new or used (own cost
+    /// waiting for acknowledgement); 0: none since the lease was granted. A lease is idle
+    /// when passes found it unused for [`crate::lease::LEASE_IDLE_MS`] after that.
+    pub(crate) idle_since: u64,
 }
 
 impl CellState {
@@ -58,7 +59,7 @@ impl CellState {
         grant: 0,
         lease_id: 0,
         uncertain_from: 0,
-        idle_mark: u64::MAX,
+        idle_since: 0,
     };
 
     /// Regional and imported global counts.

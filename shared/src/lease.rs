@@ -24,6 +24,12 @@ use crate::policy::Reason;
 /// default), and until they do, the reservation stands in for them.
 pub const LEASE_GRACE_MS: u64 = 1_000;
 
+/// How long a lease near the limit may go without a local pass before the replay gives it
+/// back: long enough that a key's ordinary gaps between requests keep it (each return costs
+/// the next request a round trip), short against the lease lifetime it would otherwise hold
+/// back from other processes.
+pub const LEASE_IDLE_MS: u64 = 1_000;
+
 /// A process's lease history on one window key: what it was granted last, so the next ask
 /// grows with demand (8 bytes, carried across windows like a rate).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 
 use crate::cell::WindowState;
 use crate::decision::{Counts, Decision};
+use crate::lease::LEASE_IDLE_MS;
 use crate::window::WindowDuration;
 
 pub use crate::policy::{DEFAULT_LEASE_MS, DEFAULT_READ_RETRY_MS, OriginPolicy, Reason};
@@ -154,7 +155,7 @@ impl WindowState {
             // Only a newer lease replaces the one in use (answers to concurrent calls arrive
             // in any order); the origin's newer lease always covers the older one.
             if answer.lease > 0 && answer.lease_id > cell.lease_id {
-                cell.idle_mark = u64::MAX;
+                cell.idle_since = 0;
                 cell.grant = answer.used.saturating_add(answer.lease);
                 cell.lease_id = answer.lease_id;
                 cell.lease_until = plan.at_ms.saturating_add(answer.lease_ms);
@@ -194,22 +195,26 @@ impl WindowState {
 
     /// Called by each replay pass: whether the current cell's lease should go back to the
     /// origin. It must be live, at least a quarter of what the limit leaves in this process's
-    /// view, and unused since the previous pass saw it (so it went a whole replay interval
-    /// without a local pass; a lease just granted is first only marked). An unused lease near
-    /// the limit denies other processes what this one does not need; far from it, keeping it
-    /// is what spares a lone process the round trips.
+    /// view, and unused for [`LEASE_IDLE_MS`] as the passes saw it (a lease just granted, or
+    /// one with own cost unacknowledged, only starts the count). An unused lease near the limit denies other
+    /// processes what this one does not need; giving back one that is only between a key's
+    /// requests costs a round trip per request (10,000 keys at 5 requests a second each).
     pub fn idle_lease(&mut self, now_ms: u64) -> bool {
         let limit = self.limit;
         let cell = &mut self.current;
         let left = cell.lease_left();
         let near = left.saturating_mul(4) >= limit.saturating_sub(cell.counts.total());
         if left == 0 || !cell.is_fresh(now_ms) || !near {
-            cell.idle_mark = u64::MAX;
+            cell.idle_since = 0;
             return false;
         }
-        let idle = cell.idle_mark == cell.own;
-        cell.idle_mark = cell.own;
-        idle
+        // Own cost still unacknowledged: used since the last pass's replay (or that replay
+        // is not through yet); either way not idle.
+        if cell.idle_since == 0 || cell.unacked() > 0 {
+            cell.idle_since = now_ms.max(1);
+            return false;
+        }
+        now_ms.saturating_sub(cell.idle_since) >= LEASE_IDLE_MS
     }
 
     /// Starts the origin call of `plan`: stops using the lease it gives back.

@@ -55,7 +55,7 @@ fn put_cell(out: &mut Vec<u8>, c: &CellState) {
         c.grant,
         c.lease_id,
         c.uncertain_from,
-        c.idle_mark,
+        c.idle_since,
     ] {
         put(out, v);
     }
@@ -75,7 +75,7 @@ fn read_cell(r: &mut Reader<'_>) -> Option<CellState> {
         grant: r.u64()?,
         lease_id: r.u64()?,
         uncertain_from: r.u64()?,
-        idle_mark: r.u64()?,
+        idle_since: r.u64()?,
     })
 }
 

@@ -7,6 +7,7 @@
     clippy::cast_possible_truncation
 )] // test code: a panic is the failure report
 
+use strata_core::lease::LEASE_IDLE_MS;
 use strata_core::table::{LimitRequest, MIN_CAPACITY, Step};
 use strata_core::{
     Begin, CounterTable, Counts, FailureMode, OriginAnswer, OriginPlan, PublishPolicy, Reason,
@@ -362,7 +363,9 @@ fn the_replay_carries_cumulative_counts_and_a_repeat_is_harmless() {
 #[test]
 fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
     let mut t = small(100);
-    let k = key("idle");
+    // A minute window: the idle time passes within it.
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let k = WindowKeyRef::new("ws", "ns", "idle", minute).unwrap();
     warm(&mut t, k, 10, 4);
     assert!(
         t.take_replay(1_000, T0 + 100).is_empty(),
@@ -372,20 +375,29 @@ fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
     let used = t.take_replay(1_000, T0 + 200);
     assert_eq!(used.events[0].release, 0, "used since the last pass: kept");
     t.ack_replay(&used, &[Counts::default()]);
-    let batch = t.take_replay(1_000, T0 + 300);
+    assert!(
+        t.take_replay(1_000, T0 + 300).is_empty(),
+        "unused since one pass only: a gap between requests, kept"
+    );
+    assert!(
+        t.take_replay(1_000, T0 + 200 + LEASE_IDLE_MS - 1)
+            .is_empty(),
+        "unused for just under the idle time since the pass that saw it used: kept"
+    );
+    let batch = t.take_replay(1_000, T0 + 200 + LEASE_IDLE_MS);
     assert_eq!(batch.len(), 1);
     assert_eq!(
         batch.events[0].release, 1,
-        "3 unused of the 8 left, a whole interval"
+        "3 unused of the 8 left, for the idle time"
     );
     assert_eq!(
         t.get(k).unwrap().current().lease_left(),
         0,
         "stopped using it first"
     );
-    let far = key("far");
+    let far = WindowKeyRef::new("ws", "ns", "far", minute).unwrap();
     warm(&mut t, far, 1_000, 4);
-    for at in [T0 + 400, T0 + 500] {
+    for at in [T0 + 400, T0 + 500 + LEASE_IDLE_MS] {
         assert!(
             t.take_replay(1_000, at).is_empty(),
             "far from the limit: kept"

@@ -10,8 +10,8 @@
 //! delivered twice counts once), `i:<instance>` the last lease id it was granted; beside it
 //! `<cell>:l` holds the live leases, `<instance> → "<ceiling>:<id>"` (the id is the
 //! reservation deadline, made strictly increasing). Keys expire three windows after their first write.
-//! A replay batch is one pipelined round trip of one small script per cell (a bad cell fails
-//! alone); a read batch is one pipeline of `HGET`s; a decision is one script per window key.
+//! A replay batch is one script call (a bad cell fails alone); a read batch is one pipeline of
+//! `HGET`s; a decision is one script per window key.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -43,13 +43,36 @@ local function merge_own(cell, inst, used)
 end
 "#;
 
-/// A replay of one cell. KEYS: the cell, its leases. ARGV: instance, own cumulative count,
-/// ttl ms, the id of a lease given back (0: none). Returns the cell's count after it.
+/// A replay batch, one script call for all its cells. KEYS: per cell, the cell and its
+/// leases. ARGV: instance, then per cell its own cumulative count, ttl ms and the id of a
+/// lease given back (0: none). Returns per cell its count after the merge, or the error text
+/// of a cell that failed alone. A cell costs Redis two or three commands: the own count it
+/// holds, then the count and the own count raised if the replay carries more (a replay
+/// delivered twice only reads); the expiry is set once, by the process's first write to the
+/// cell (the decide script sets it for cells decided first), not on every replay.
 const REPLAY_LUA: &str = r#"
-merge_own(KEYS[1], ARGV[1], tonumber(ARGV[2]))
-release(KEYS[2], ARGV[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[3], 'NX')
-return tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local inst = ARGV[1]
+local f = 'o:' .. inst
+local function replay(cell, leases, used, ttl, id)
+  local held = redis.call('HGET', cell, f)
+  local n
+  if used > tonumber(held or '0') then
+    n = redis.call('HINCRBY', cell, 'n', used - tonumber(held or '0'))
+    redis.call('HSET', cell, f, used)
+    if not held then redis.call('PEXPIRE', cell, ttl, 'NX') end
+  else
+    n = tonumber(redis.call('HGET', cell, 'n') or '0')
+  end
+  release(leases, inst, id)
+  return n
+end
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 3 * i - 1
+  local ok, n = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2])
+  if ok then out[i] = n elseif type(n) == 'table' then out[i] = tostring(n.err) else out[i] = tostring(n) end
+end
+return out
 "#;
 
 /// The origin decision for one window key, atomic in Redis: merges the caller's own counts,
@@ -466,36 +489,42 @@ impl RedisOrigin {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        // One bad cell (a foreign value at its key) fails alone; the others are merged.
-        pipe.ignore_errors();
-        // Loaded in the same round trip, so a restarted Redis never answers NOSCRIPT.
-        pipe.load_script(&self.replay).ignore();
-        let invocations: Vec<redis::ScriptInvocation<'_>> = cells
-            .iter()
-            .map(|c| {
-                let mut i = self.replay.key(cell_key(c.key, c.sequence));
-                i.key(lease_key(c.key, c.sequence))
-                    .arg(instance)
-                    .arg(c.used)
-                    .arg(c.key.duration().as_ms().saturating_mul(3))
-                    .arg(c.release);
-                i
-            })
-            .collect();
-        for i in &invocations {
-            pipe.invoke_script(i);
+        // One script call for the batch, with the script loaded in the same round trip: a
+        // restarted Redis never answers NOSCRIPT, and a batch whose answer timed out is still
+        // applied once Redis reads it. One bad cell (a foreign value at its key) fails alone.
+        let mut invocation = self.replay.prepare_invoke();
+        invocation.arg(instance);
+        for c in cells {
+            let cell = cell_key(c.key, c.sequence);
+            let mut leases = String::with_capacity(cell.len() + 2);
+            leases.push_str(&cell);
+            leases.push_str(":l");
+            invocation
+                .key(cell)
+                .key(leases)
+                .arg(c.used)
+                .arg(c.key.duration().as_ms().saturating_mul(3))
+                .arg(c.release);
         }
+        let mut pipe = redis::pipe();
+        pipe.load_script(&self.replay).ignore();
+        pipe.invoke_script(&invocation);
         let mut conn = self.conn.clone();
-        let counts: Vec<redis::RedisResult<u64>> =
-            pipe.query_async(&mut conn).await.map_err(backend)?;
+        let (counts,): (Vec<redis::Value>,) = pipe.query_async(&mut conn).await.map_err(backend)?;
+        if counts.len() != cells.len() {
+            return Err(OriginError::Rejected(format!(
+                "redis: the replay script answered {} cells of {}",
+                counts.len(),
+                cells.len()
+            )));
+        }
         Ok(counts
             .into_iter()
             .zip(cells)
             .map(|(r, c)| match r {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    tracing::warn!(error = %e, cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
+                redis::Value::Int(n) => u64::try_from(n).ok(),
+                other => {
+                    tracing::warn!(error = ?other, cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
                     None
                 }
             })

@@ -1,0 +1,29 @@
+-- wrk script for scripts/bench.sh: POST /v1/ratelimit round-robin over KEYS identifiers
+-- (wrk ... -s bench/ratelimit.lua -- KEYS), every request passing (limit 10^9, one hour), and
+-- one machine-readable line at the end.
+local bodies = {}
+local next_key = 1
+
+function init(args)
+  local keys = tonumber(args[1] or "1")
+  for i = 1, keys do
+    local body = string.format(
+      '{"namespace":"bench","identifier":"user-%d","limit":1000000000,"duration":3600000}', i)
+    bodies[i] = wrk.format("POST", "/v1/ratelimit",
+      { ["Content-Type"] = "application/json" }, body)
+  end
+end
+
+function request()
+  local r = bodies[next_key]
+  next_key = next_key + 1
+  if next_key > #bodies then next_key = 1 end
+  return r
+end
+
+function done(summary, latency, requests)
+  local bad = summary.errors.status + summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout
+  io.write(string.format("WRK requests=%d seconds=%.3f p50_us=%d p99_us=%d errors=%d\n",
+    summary.requests, summary.duration / 1e6, latency:percentile(50), latency:percentile(99), bad))
+end

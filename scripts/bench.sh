@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Gateway throughput harness (not part of the test command). Builds release binaries, then in
+# each round runs wrk against, in turn, a bare axum endpoint of /v1/ratelimit's shape, the
+# gateway on its embedded origin, and the gateway on a private Redis, each freshly started,
+# round-robin over each key count. Prints requests/s, p50, p99, the ratio to bare in the same
+# round (after a warm-up run over every key, not counted), the server's CPU seconds and decisions per CPU second, and for the gateway the origin
+# round trips per 1,000 decisions and (on Redis) Redis commands per decision and per replayed
+# cell, from INFO commandstats (commands scripts run included).
+#
+#   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
+#   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
+#   EXTRA="name=cmd with args" scripts/bench.sh   # one more contender listening on 127.0.0.1:8093
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
+ROUNDS=${ROUNDS:-2}
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-3}
+CONNS=${CONNS:-64}
+KEYS=${KEYS:-"1 10000"}
+EXTRA=${EXTRA:-}
+
+if ! command -v wrk >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk
+fi
+command -v redis-server >/dev/null || { echo "bench: redis-server is needed (scripts/test.sh installs it)" >&2; exit 1; }
+
+cargo build --release -q -p strata-gateway --bin strata-gateway --example bare
+BIN="$CARGO_TARGET_DIR/release"
+WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
+REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --logfile "$WORK/redis.log" --dir "$WORK" >/dev/null
+for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+
+cpu_seconds() { # utime + stime of a process, in seconds
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
+}
+metric_sum() { # the sum of a gateway metric's samples whose line matches $2
+  curl -s "127.0.0.1:$1/metrics" | awk -v pat="$2" '$0 ~ pat && $1 !~ /^#/ { s += $NF } END { printf "%d", s }'
+}
+redis_calls() { rcli info commandstats | awk -F'[=,:]' '/^cmdstat_/ { s += $3 } END { printf "%d", s }'; }
+redis_cpu() { rcli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'; }
+
+start() { # name port command...: starts a contender, waits until it answers
+  local name=$1 port=$2
+  shift 2
+  "$@" >"$WORK/$name.log" 2>&1 &
+  PIDS+=($!)
+  SERVER=$!
+  for _ in $(seq 100); do
+    curl -s -o /dev/null -X POST "127.0.0.1:$port/v1/ratelimit" -H 'content-type: application/json' \
+      -d '{"namespace":"warm","identifier":"x","limit":1000000000,"duration":3600000}' && return 0
+    sleep 0.1
+  done
+  echo "bench: $name did not start; its log:" >&2
+  cat "$WORK/$name.log" >&2
+  exit 1
+}
+stop() { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
+
+printf '%-6s %-8s %-18s %10s %8s %8s %7s %8s %9s %8s %9s %9s\n' round keys contender "req/s" "p50 us" "p99 us" "x bare" "cpu s" "req/cpu s" "rt/1000" "cmd/dec" "cmd/cell"
+for round in $(seq "$ROUNDS"); do
+  for keys in $KEYS; do
+    bare_rps=""
+    contenders=(bare embedded redis)
+    [ -n "$EXTRA" ] && contenders+=(extra)
+    for c in "${contenders[@]}"; do
+      port=8090
+      gw_args=(--listen 127.0.0.1:8091 --database-url "sqlite://$WORK/global-$c.db")
+      case $c in
+        bare) start bare 8090 "$BIN/examples/bare" 127.0.0.1:8090 ;;
+        embedded) port=8091; start "$c" 8091 "$BIN/strata-gateway" "${gw_args[@]}" ;;
+        redis)
+          port=8091
+          rcli flushall >/dev/null
+          start "$c" 8091 "$BIN/strata-gateway" "${gw_args[@]}" --redis-url "redis://127.0.0.1:$REDIS_PORT/"
+          ;;
+        extra) port=8093; start "${EXTRA%%=*}" 8093 bash -c "exec ${EXTRA#*=}" ;;
+      esac
+      # Every key warm first (cold keys are a one-time cost per key, not the steady state).
+      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" >/dev/null
+      rt0=0; cells0=0
+      if [ "$port" = 8091 ]; then
+        rt0=$(metric_sum 8091 '^strata_origin_calls_total')
+        cells0=$(metric_sum 8091 '^strata_replay_cells_total')
+      fi
+      rcli config resetstat >/dev/null
+      rcpu0=$(redis_cpu)
+      cpu0=$(cpu_seconds "$SERVER")
+      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys")
+      cpu1=$(cpu_seconds "$SERVER")
+      line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
+      eval "$(sed 's/^WRK //' <<<"$line")"
+      rps=$(awk -v r="$requests" -v s="$seconds" 'BEGIN { printf "%d", r / s }')
+      [ "$c" = bare ] && bare_rps=$rps
+      ratio=$(awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }')
+      cpu=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')
+      per_cpu=$(awk -v r="$requests" -v c="$cpu" 'BEGIN { printf "%d", (c > 0) ? r / c : 0 }')
+      rt="-"; cmd="-"; per_cell="-"
+      if [ "$port" = 8091 ]; then
+        # The replay buffer drains within one interval of the load stopping: wait for it so
+        # the commands it costs are counted against the decisions that caused them.
+        sleep 0.5
+        rt1=$(metric_sum 8091 '^strata_origin_calls_total')
+        cells=$(( $(metric_sum 8091 '^strata_replay_cells_total') - cells0 ))
+        rt=$(awk -v a="$rt0" -v b="$rt1" -v r="$requests" 'BEGIN { printf "%.1f", (b - a) * 1000 / r }')
+        if [ "$c" = redis ]; then
+          calls=$(redis_calls)
+          cmd=$(awk -v a="$calls" -v r="$requests" 'BEGIN { printf "%.2f", a / r }')
+          per_cell=$(awk -v a="$calls" -v c="$cells" 'BEGIN { printf "%.2f", (c > 0) ? a / c : 0 }')
+          echo "  redis: $calls commands ($(rcli info commandstats | grep -o '^cmdstat_[a-z]*:calls=[0-9]*' | sed 's/cmdstat_//; s/:calls=/=/' | tr '\n' ' ')), $cells replayed cells, cpu $(awk -v a="$rcpu0" -v b="$(redis_cpu)" 'BEGIN { printf "%.2f", b - a }') s" >&2
+        fi
+      fi
+      [ "$errors" -eq 0 ] || echo "  $c: $errors failed requests" >&2
+      printf '%-6s %-8s %-18s %10s %8s %8s %7s %8s %9s %8s %9s %9s\n' "$round" "$keys" "$c" "$rps" "$p50_us" "$p99_us" "$ratio" "$cpu" "$per_cpu" "$rt" "$cmd" "$per_cell"
+      stop
+    done
+  done
+done

@@ -565,7 +565,7 @@ impl Vm {
             };
             let before = events.len();
             let before_state = state;
-            if !state.take_replay_events(&key, now, &mut events) || state == before_state {
+            if !state.take_replay_events(&key, now, 0, &mut events) || state == before_state {
                 continue;
             }
             let bytes = strata_core::snapshot::encode_entry(entry, &state);

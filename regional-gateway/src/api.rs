@@ -187,12 +187,15 @@ async fn origin_replay(
             ));
         }
     }
-    let after = gw.limiter.replay_refs(&req.instance, &events, now).await?;
+    let after = gw
+        .limiter
+        .replay_refs(&req.instance, &events, &[], now)
+        .await?;
     // A cell that failed alone fails the call: the others were merged, and merging them
     // again when the caller retries counts nothing twice.
     let mut counts = Vec::with_capacity(events.len());
     for (e, cell) in events.iter().zip(after) {
-        let Some(cell) = cell else {
+        let Some((cell, _)) = cell else {
             return Err(ApiError::Origin(OriginError::Backend(format!(
                 "the origin could not merge {}:{} sequence {}",
                 e.cell.key.namespace(),

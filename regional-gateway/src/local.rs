@@ -27,6 +27,7 @@ impl LocalTables {
                     capacity: per_shard,
                     origin,
                     keep_unpublished: false,
+                    renew_leases: true,
                 };
                 Mutex::new(CounterTable::new(config, rand::random()))
             })

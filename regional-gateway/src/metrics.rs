@@ -49,6 +49,7 @@ pub struct Metrics {
     lease_sum: AtomicU64,
     replay_cells: AtomicU64,
     replay_failed_batches: AtomicU64,
+    leases_renewed: AtomicU64,
 }
 
 /// Values sampled when rendering (owned by other parts of the gateway).
@@ -159,6 +160,12 @@ impl Metrics {
         self.replay_cells.fetch_add(cells as u64, Ordering::Relaxed);
     }
 
+    /// Leases in use renewed by a replay (each spares a request a round trip).
+    pub fn leases_renewed(&self, leases: usize) {
+        self.leases_renewed
+            .fetch_add(leases as u64, Ordering::Relaxed);
+    }
+
     /// A replay batch that failed (its counts go out with the next).
     pub fn replay_failed(&self) {
         self.replay_failed_batches.fetch_add(1, Ordering::Relaxed);
@@ -240,12 +247,18 @@ impl Metrics {
                 "strata_origin_call_seconds_count{{op=\"{op}\"}} {count}"
             );
         }
-        let scalars: [(&str, &str, &str, String); 7] = [
+        let scalars: [(&str, &str, &str, String); 8] = [
             (
                 "strata_replay_cells_total",
                 "counter",
                 "Cells delivered to the origin by replay.",
                 load(&self.replay_cells).to_string(),
+            ),
+            (
+                "strata_lease_renewals_total",
+                "counter",
+                "Leases in use renewed by a replay instead of by a request's origin decision.",
+                load(&self.leases_renewed).to_string(),
             ),
             (
                 "strata_replay_dropped_total",

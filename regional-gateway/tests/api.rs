@@ -46,6 +46,7 @@ on_every_origin! {
     replay_merges_cumulative_counts_and_answers_in_request_order(&[]),
     the_same_replay_posted_twice_counts_once(&[]),
     a_warm_key_is_decided_locally_under_its_lease(&[]),
+    a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(&[]),
     health_readiness_and_metrics_answer(&[]),
     a_limit_changed_mid_window_applies_at_once(&[]),
 }
@@ -384,6 +385,50 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
     assert!(g.limit(None, "far-from-limit", 1_000).await.0);
     assert_eq!(m.origin_reasons(Reason::Stale), 1);
     assert_eq!(m.decisions(Source::Origin), at_origin + 1);
+}
+
+/// A key in steady use keeps its lease: the replay renews it from half its lifetime on, so no
+/// request waits on the origin for it after the first (an idle key's lease still expires).
+async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway) {
+    let fresh_for = g.gateway.settings.fresh_for.as_millis() as u64;
+    let m = &g.gateway.limiter.metrics;
+    assert!(g.limit(None, "steady", 1_000_000).await.0);
+    assert_eq!(
+        m.decisions(Source::Origin),
+        1,
+        "cold: decided at the origin"
+    );
+    // Four lease lifetimes, a request and a replay pass every 100 ms.
+    let steps = 4 * fresh_for / 100;
+    for step in 0..steps {
+        g.clock.advance(100);
+        assert!(g.limit(None, "steady", 1_000_000).await.0, "step {step}");
+        assert!(g.gateway.limiter.replay_once().await, "step {step}: replay");
+    }
+    assert_eq!(
+        m.decisions(Source::Origin),
+        1,
+        "every request after the first decided locally"
+    );
+    assert_eq!(m.origin_reasons(Reason::Stale), 0);
+    let renewals = common::metric_sum(&g.get("/metrics").await.text, |l| {
+        l.starts_with("strata_lease_renewals_total")
+    });
+    assert!(
+        (4.0..=steps as f64).contains(&renewals),
+        "{renewals} renewals over {steps} replay passes"
+    );
+    // Idle for a lifetime: the lease is not renewed, and the next request asks again.
+    for _ in 0..(fresh_for / 100 + 1) {
+        g.clock.advance(100);
+        assert!(g.gateway.limiter.replay_once().await);
+    }
+    assert!(g.limit(None, "steady", 1_000_000).await.0);
+    assert_eq!(
+        m.decisions(Source::Origin),
+        2,
+        "an idle key's lease ran out"
+    );
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {

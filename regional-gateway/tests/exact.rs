@@ -504,6 +504,7 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                         sequence,
                         used: used(key, sequence, grow),
                         release: 0,
+                        renew: 0,
                     };
                     (cell, next())
                 })

@@ -20,8 +20,8 @@ use strata_core::table::LimitRequest;
 use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::Gateway;
 use strata_gateway::metrics::Source;
-use strata_gateway::origin::CellUsed;
 use strata_gateway::origin::redis::cell_key;
+use strata_gateway::origin::{CellUsed, Replayed};
 
 fn key(identifier: &str) -> WindowKeyRef<'_> {
     WindowKeyRef::new(
@@ -217,26 +217,32 @@ async fn replaying_the_same_batch_twice_counts_once() {
         sequence: seq,
         used,
         release: 0,
+        renew: 0,
     };
     let batch = [cell("a", 3), cell("b", 5)];
-    let first = origin.replay("gw-1", &batch, T0).await.unwrap();
+    let first = counts(origin.replay("gw-1", &batch, T0).await.unwrap());
     assert_eq!(first, vec![Some(3), Some(5)]);
     // Delivered again (a timeout after Redis applied it, then the retry): counted once.
-    let again = origin.replay("gw-1", &batch, T0).await.unwrap();
+    let again = counts(origin.replay("gw-1", &batch, T0).await.unwrap());
     assert_eq!(again, first);
     // An older cumulative count arriving late changes nothing; a newer one adds the difference.
-    let late = origin.replay("gw-1", &[cell("a", 2)], T0).await.unwrap();
+    let late = counts(origin.replay("gw-1", &[cell("a", 2)], T0).await.unwrap());
     assert_eq!(late, vec![Some(3)]);
-    let newer = origin.replay("gw-1", &[cell("a", 7)], T0).await.unwrap();
+    let newer = counts(origin.replay("gw-1", &[cell("a", 7)], T0).await.unwrap());
     assert_eq!(newer, vec![Some(7)]);
     // Another process's own count adds to the cell's.
-    let other = origin.replay("gw-2", &[cell("a", 2)], T0).await.unwrap();
+    let other = counts(origin.replay("gw-2", &[cell("a", 2)], T0).await.unwrap());
     assert_eq!(other, vec![Some(9)]);
     let read = origin
         .read(&[(key("a"), seq), (key("b"), seq)], T0)
         .await
         .unwrap();
     assert_eq!(read, vec![9, 5]);
+}
+
+/// The counts of a replay answer.
+fn counts(answer: Vec<Option<Replayed>>) -> Vec<Option<u64>> {
+    answer.into_iter().map(|r| r.map(|r| r.count)).collect()
 }
 
 /// The commands Redis ran (scripts' own included), by name, from `INFO commandstats`.
@@ -269,12 +275,13 @@ async fn a_replay_batch_is_one_script_call_and_sets_expiry_once_per_cell() {
                 sequence: seq,
                 used,
                 release: 0,
+                renew: 0,
             })
             .collect()
     };
     redis.cli(&["CONFIG", "RESETSTAT"]);
     for used in 1..=5 {
-        let counts = origin.replay("gw-1", &batch(used), T0).await.unwrap();
+        let counts = counts(origin.replay("gw-1", &batch(used), T0).await.unwrap());
         assert!(counts.iter().all(|c| *c == Some(used)), "{counts:?}");
     }
     let ran = commands(&redis);
@@ -323,9 +330,10 @@ async fn a_cell_holding_a_foreign_value_fails_alone() {
         sequence: seq,
         used,
         release: 0,
+        renew: 0,
     };
     let batch = [cell("a", 2), cell("bad", 3), cell("c", 4)];
-    let counts = limiter.origin.replay("gw-1", &batch, T0).await.unwrap();
+    let counts = counts(limiter.origin.replay("gw-1", &batch, T0).await.unwrap());
     assert_eq!(counts, vec![Some(2), None, Some(4)]);
     let read = limiter
         .origin

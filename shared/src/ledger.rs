@@ -149,6 +149,27 @@ impl CellLedger {
         (ceiling - own, until_ms)
     }
 
+    /// Keeps `instance`'s live lease `id` reserved until `until_ms` (its holder is using it and
+    /// asked with a replay): the same ceiling under a new, larger id. Returns the new id, or 0
+    /// if `id` is no longer the holder's live lease (expired, released or replaced: the
+    /// holder then asks with its next decision, as it would have).
+    pub fn renew(&mut self, instance: &str, id: u64, now_ms: u64, until_ms: u64) -> u64 {
+        let Some(lease) = self
+            .leases
+            .get_mut(instance)
+            .filter(|l| l.until_ms == id && now_ms < l.until_ms)
+        else {
+            return 0;
+        };
+        let last = self.last_ids.entry(instance.to_string()).or_insert(0);
+        let until_ms = until_ms
+            .max(last.saturating_add(1))
+            .max(id.saturating_add(1));
+        *last = until_ms;
+        lease.until_ms = until_ms;
+        until_ms
+    }
+
     /// Drops `instance`'s lease `id` (it stopped using it first), unless a newer grant
     /// replaced it.
     pub fn release(&mut self, instance: &str, id: u64) {
@@ -243,6 +264,33 @@ mod tests {
             (8, 5),
             "a pass decided here is no one's own"
         );
+    }
+
+    #[test]
+    fn a_live_lease_is_renewed_under_a_new_id_and_only_by_its_id() {
+        let mut c = CellLedger::default();
+        c.merge_own("a", 4);
+        assert_eq!(c.lease("a", 10, 0, 1_000), (10, 1_000));
+        assert_eq!(c.renew("a", 999, 500, 2_000), 0, "not the lease held");
+        assert_eq!(c.renew("b", 1_000, 500, 2_000), 0, "b holds none");
+        assert_eq!(c.renew("a", 1_000, 500, 2_000), 2_000);
+        assert_eq!(
+            c.reserved("b", 1_500),
+            (10, 0),
+            "the same ceiling, still reserved"
+        );
+        c.release("a", 1_000);
+        assert_eq!(
+            c.reserved("b", 1_500),
+            (10, 0),
+            "the old id no longer names it"
+        );
+        let (_, id) = c.lease("a", 1, 1_600, 1_500);
+        assert_eq!(
+            id, 2_001,
+            "a later grant's id is still larger than the renewal's"
+        );
+        assert_eq!(c.renew("a", 2_001, 2_001, 3_000), 0, "expired: not renewed");
     }
 
     #[test]

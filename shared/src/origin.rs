@@ -242,6 +242,16 @@ impl WindowState {
         true
     }
 
+    /// Merges the renewal of lease `renewed` on cell `sequence`: it goes on under `lease_id`
+    /// until `until_ms`, if it is still the current cell's lease in use.
+    pub fn apply_renewal(&mut self, sequence: u64, renewed: u64, lease_id: u64, until_ms: u64) {
+        let cell = &mut self.current;
+        if sequence == self.sequence && cell.lease_id == renewed && lease_id > renewed {
+            cell.lease_id = lease_id;
+            cell.lease_until = cell.lease_until.max(until_ms);
+        }
+    }
+
     /// Merges counts of cell `sequence` seen elsewhere (a read, the region view) with `max`;
     /// grants nothing. Returns false if the state no longer holds that cell.
     pub fn merge_counts(&mut self, sequence: u64, counts: Counts) -> bool {

@@ -33,6 +33,10 @@ pub struct ReplayEvent {
     /// The id of the lease this process gives back on the cell (0: none); it stopped using it
     /// first.
     pub release: u64,
+    /// The id of the lease in use on the cell that this process asks the origin to keep
+    /// reserving for another lease lifetime (0: none): a lease in use that has used up half
+    /// its lifetime, renewed off the request path instead of by the next request's decision.
+    pub renew: u64,
 }
 
 impl ReplayEvent {
@@ -95,10 +99,15 @@ impl WindowState {
     /// lease, released, if it sat idle near the limit for a pass (see
     /// [`WindowState::idle_lease`]). Returns false when nothing of it concerns the replay any
     /// more (no unacknowledged cost, no lease to watch).
+    ///
+    /// With `renew_within` above 0, a lease in use (own cost unacknowledged) that ends within
+    /// that many ms, on a cell whose count and lease stay within half the limit, is asked to
+    /// be renewed ([`ReplayEvent::renew`]).
     pub fn take_replay_events(
         &mut self,
         key: &WindowKey,
         now_ms: u64,
+        renew_within: u64,
         events: &mut Vec<ReplayEvent>,
     ) -> bool {
         let idle = self.idle_lease(now_ms);
@@ -107,11 +116,32 @@ impl WindowState {
             return false;
         }
         let released = if idle { self.release_lease() } else { 0 };
+        let current = self.current();
+        // Only far from the limit: there a lease is kept the same whoever asks, while near it
+        // (or after a denial) the next decision must size it afresh from the others' use.
+        let far = current
+            .counts()
+            .total()
+            .saturating_add(current.lease_left())
+            <= self.limit() / 2
+            && now_ms >= self.strict_until();
+        let renew = if renew_within > 0
+            && far
+            && !idle
+            && current.unacked() > 0
+            && current.lease_left() > 0
+            && current.is_fresh(now_ms)
+            && current.lease_until() <= now_ms.saturating_add(renew_within)
+        {
+            current.lease_id()
+        } else {
+            0
+        };
         for (sequence, cell) in self.cells() {
-            let release = if sequence == self.sequence() {
-                released
+            let (release, renew) = if sequence == self.sequence() {
+                (released, renew)
             } else {
-                0
+                (0, 0)
             };
             if cell.unacked() > 0 || release > 0 {
                 events.push(ReplayEvent {
@@ -120,6 +150,7 @@ impl WindowState {
                     used: cell.own(),
                     limit: self.limit(),
                     release,
+                    renew,
                 });
             }
         }
@@ -135,6 +166,12 @@ impl CounterTable {
     /// (the next one carries the same values or larger; a released lease stays released).
     pub fn take_replay(&mut self, max: usize, now_ms: u64) -> ReplayBatch {
         let mut events = Vec::new();
+        // Renewed from half the lifetime on: a lease in use is renewed before it runs out.
+        let renew_within = if self.config().renew_leases {
+            self.config().origin.lease_ms / 2
+        } else {
+            0
+        };
         let slab = &mut self.slab;
         let mut j = 0;
         while j < slab.touched.len() && events.len() < max {
@@ -144,7 +181,7 @@ impl CounterTable {
             if !(live
                 && slot
                     .state
-                    .take_replay_events(&slot.key, now_ms, &mut events))
+                    .take_replay_events(&slot.key, now_ms, renew_within, &mut events))
             {
                 slab.untouch(i);
                 slab.touched.swap_remove(j);
@@ -169,6 +206,20 @@ impl CounterTable {
             self.slab.slots[i]
                 .state
                 .apply_replay(event.sequence, counts, event.used);
+        }
+    }
+
+    /// Merges the origin's renewal of the lease `event` asked to renew: the same ceiling, now
+    /// under `lease_id`, usable until `until_ms` (this process's clock: the time the batch was
+    /// taken plus the lease lifetime). Ignored unless that lease is still the one in use.
+    pub fn renewed(&mut self, event: &ReplayEvent, lease_id: u64, until_ms: u64) {
+        if event.renew == 0 || lease_id <= event.renew {
+            return;
+        }
+        if let Some(i) = self.slab.find(event.key.as_ref()) {
+            self.slab.slots[i]
+                .state
+                .apply_renewal(event.sequence, event.renew, lease_id, until_ms);
         }
     }
 

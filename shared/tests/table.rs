@@ -405,6 +405,45 @@ fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
     }
 }
 
+/// A lease in use is renewed with the replay from half its lifetime on (when the table's
+/// origin renews), so the key's requests stay local past the lease's first deadline.
+#[test]
+fn a_lease_in_use_is_renewed_by_the_replay_past_half_its_lifetime() {
+    let mut t = CounterTable::new(
+        TableConfig {
+            capacity: 100,
+            renew_leases: true,
+            ..TableConfig::default()
+        },
+        1,
+    );
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let k = WindowKeyRef::new("ws", "ns", "renew", minute).unwrap();
+    warm(&mut t, k, 1_000, 100); // a lease of 100 until T0 + 5 s, id 1
+    let half = t.config().origin.lease_ms / 2;
+    assert!(matches!(t.check(k, 1_000, 1, T0 + 100), Step::Decided(d) if d.success));
+    let early = t.take_replay(1_000, T0 + 200);
+    assert_eq!(early.events[0].renew, 0, "not half its lifetime yet");
+    t.ack_replay(&early, &[Counts::default()]);
+    assert!(matches!(t.check(k, 1_000, 1, T0 + half + 100), Step::Decided(d) if d.success));
+    let due = t.take_replay(1_000, T0 + half + 200);
+    assert_eq!(due.events[0].renew, 1, "in use, half its lifetime gone");
+    t.ack_replay(&due, &[Counts::default()]);
+    t.renewed(&due.events[0], 7, T0 + half + 200 + 5_000);
+    assert_eq!(t.get(k).unwrap().current().lease_id(), 7);
+    // Past the first deadline: still local.
+    assert!(matches!(t.check(k, 1_000, 1, T0 + 6_000), Step::Decided(d) if d.success));
+    // A stale renewal answer (of a lease since replaced) changes nothing.
+    t.renewed(&due.events[0], 9, T0 + 60_000);
+    assert_eq!(t.get(k).unwrap().current().lease_id(), 7);
+    // Used again, near its new deadline: asked again; then unused since: not renewed.
+    let again = t.take_replay(1_000, T0 + 6_100);
+    assert_eq!(again.events[0].renew, 7);
+    t.ack_replay(&again, &[Counts::default()]);
+    let unused = t.take_replay(1_000, T0 + 6_200);
+    assert!(unused.events.iter().all(|e| e.renew == 0), "{unused:?}");
+}
+
 #[test]
 fn unreplayed_entries_are_evicted_last_and_their_loss_is_counted() {
     let ids = names(MIN_CAPACITY * 2);

@@ -72,6 +72,7 @@ impl Global {
                 TableConfig {
                     capacity,
                     keep_unpublished: true,
+                    renew_leases: false,
                     ..TableConfig::default()
                 },
                 rand::random(),

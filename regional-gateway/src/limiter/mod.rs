@@ -174,15 +174,26 @@ impl Limiter {
             return true;
         }
         let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
-        match self.replay_refs(&self.instance, &refs, now).await {
-            Ok(counts) => {
-                let mut delivered = 0;
-                for (e, counts) in batch.events.iter().zip(counts) {
-                    let Some(counts) = counts else { continue };
-                    self.local.lock(e.key.as_ref()).ack_one(e, counts);
+        let renew: Vec<u64> = batch.events.iter().map(|e| e.renew).collect();
+        // A renewed lease runs a lease lifetime from when the batch was taken.
+        let until = now.saturating_add(self.origin.lease_ms());
+        match self.replay_refs(&self.instance, &refs, &renew, now).await {
+            Ok(answers) => {
+                let (mut delivered, mut renewed) = (0, 0);
+                for (e, answer) in batch.events.iter().zip(answers) {
+                    let Some((counts, lease_id)) = answer else {
+                        continue;
+                    };
+                    let mut table = self.local.lock(e.key.as_ref());
+                    table.ack_one(e, counts);
+                    if lease_id > 0 {
+                        table.renewed(e, lease_id, until);
+                        renewed += 1;
+                    }
                     delivered += 1;
                 }
                 self.metrics.replayed(delivered);
+                self.metrics.leases_renewed(renewed);
                 delivered == batch.len()
             }
             Err(e) => {
@@ -193,31 +204,41 @@ impl Limiter {
         }
     }
 
-    /// Merges `instance`'s replayed own counts at the origin and records each cell's answer in
+    /// Merges `instance`'s replayed own counts at the origin, renews the leases `renew` names
+    /// (per event, 0: none; an empty slice: none at all), and records each cell's answer in
     /// the region view (with the limit it was admitted under); returns the counts as the
-    /// gateway answers them, `None` for a cell that failed alone.
+    /// gateway answers them and the renewed lease's id (0: not renewed), `None` for a cell
+    /// that failed alone.
     pub async fn replay_refs(
         &self,
         instance: &str,
         events: &[ReplayRef<'_>],
+        renew: &[u64],
         now_ms: u64,
-    ) -> Result<Vec<Option<Counts>>, OriginError> {
+    ) -> Result<Vec<Option<(Counts, u64)>>, OriginError> {
         let cells: Vec<CellUsed<'_>> = events
             .iter()
-            .map(|e| CellUsed {
+            .enumerate()
+            .map(|(i, e)| CellUsed {
                 key: e.cell.key,
                 sequence: e.cell.sequence,
                 used: e.used,
                 release: e.release,
+                renew: renew.get(i).copied().unwrap_or(0),
             })
             .collect();
         let after = self.origin.replay(instance, &cells, now_ms).await?;
         Ok(events
             .iter()
             .zip(after)
-            .map(|(e, regional)| {
+            .map(|(e, answer)| {
                 let (key, seq) = (e.cell.key, e.cell.sequence);
-                regional.map(|r| self.global.record_cell(key, seq, r, Some(e.limit), now_ms))
+                answer.map(|r| {
+                    let counts = self
+                        .global
+                        .record_cell(key, seq, r.count, Some(e.limit), now_ms);
+                    (counts, r.renewed)
+                })
             })
             .collect())
     }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use strata_core::ledger::{CellLedger, Counted, origin_check};
 use strata_core::{LimitCheck, WindowKey, decide_all, lease};
 
-use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome};
+use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, Replayed};
 
 #[derive(Debug)]
 struct Cell {
@@ -75,8 +75,15 @@ impl MemoryOrigin {
             .collect()
     }
 
-    pub(crate) fn replay(&self, instance: &str, cells: &[CellUsed<'_>], now_ms: u64) -> Vec<u64> {
+    pub(crate) fn replay(
+        &self,
+        instance: &str,
+        cells: &[CellUsed<'_>],
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Vec<Replayed> {
         let mut state = self.lock();
+        let until = lease::reserved_until(now_ms, lease_ms);
         cells
             .iter()
             .map(|c| {
@@ -85,7 +92,15 @@ impl MemoryOrigin {
                 if c.release > 0 {
                     l.release(instance, c.release);
                 }
-                l.count()
+                let renewed = if c.renew > 0 {
+                    l.renew(instance, c.renew, now_ms, until)
+                } else {
+                    0
+                };
+                Replayed {
+                    count: l.count(),
+                    renewed,
+                }
             })
             .collect()
     }

@@ -121,6 +121,19 @@ pub struct CellUsed<'a> {
     pub used: u64,
     /// The id of the lease the process gives back on the cell (0: none).
     pub release: u64,
+    /// The id of the live lease the process asks to keep reserved for another lifetime (0:
+    /// none).
+    pub renew: u64,
+}
+
+/// One replayed cell as the origin answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replayed {
+    /// The cell's count after the merge.
+    pub count: u64,
+    /// The new id of the lease the replay asked to renew (0: not renewed: it was no longer
+    /// live, or none was asked).
+    pub renewed: u64,
 }
 
 /// The origin backends.
@@ -141,21 +154,23 @@ impl Origin {
         }
     }
 
-    /// Merges `instance`'s own counts with `max` and returns each cell's count after it
-    /// (`None` for a cell that failed alone).
+    /// Merges `instance`'s own counts with `max`, renews the leases asked for (reserved for
+    /// another `lease_ms`), and returns each cell's count after it (`None` for a cell that
+    /// failed alone).
     async fn replay(
         &self,
         instance: &str,
         cells: &[CellUsed<'_>],
         now_ms: u64,
-    ) -> Result<Vec<Option<u64>>, OriginError> {
+        lease_ms: u64,
+    ) -> Result<Vec<Option<Replayed>>, OriginError> {
         match self {
             Origin::Memory(m) => Ok(m
-                .replay(instance, cells, now_ms)
+                .replay(instance, cells, now_ms, lease_ms)
                 .into_iter()
                 .map(Some)
                 .collect()),
-            Origin::Redis(r) => r.replay(instance, cells).await,
+            Origin::Redis(r) => r.replay(instance, cells, lease_ms).await,
         }
     }
 
@@ -239,9 +254,12 @@ impl OriginClient {
         instance: &str,
         cells: &[CellUsed<'_>],
         now_ms: u64,
-    ) -> Result<Vec<Option<u64>>, OriginError> {
-        self.call("replay", self.origin.replay(instance, cells, now_ms))
-            .await
+    ) -> Result<Vec<Option<Replayed>>, OriginError> {
+        self.call(
+            "replay",
+            self.origin.replay(instance, cells, now_ms, self.lease_ms),
+        )
+        .await
     }
 
     /// How long the leases this origin grants may be used.

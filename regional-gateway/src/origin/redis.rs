@@ -19,7 +19,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use strata_core::WindowKeyRef;
 
-use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError};
+use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError, Replayed};
 
 /// Shared by both scripts: merge a process's cumulative own count into a cell with `max`;
 /// drop a process's lease `id` unless a newer grant replaced it (a lease is stored as
@@ -44,16 +44,39 @@ end
 "#;
 
 /// A replay batch, one script call for all its cells. KEYS: per cell, the cell and its
-/// leases. ARGV: instance, then per cell its own cumulative count, ttl ms and the id of a
-/// lease given back (0: none). Returns per cell its count after the merge, or the error text
-/// of a cell that failed alone. A cell costs Redis two or three commands: the own count it
-/// holds, then the count and the own count raised if the replay carries more (a replay
-/// delivered twice only reads); the expiry is set once, by the process's first write to the
-/// cell (the decide script sets it for cells decided first), not on every replay.
+/// leases. ARGV: instance, how long a renewed lease is reserved (ms, on Redis's clock), then
+/// per cell its own cumulative count, ttl ms, the id of a lease given back (0: none) and the id
+/// of a live lease to renew (0: none). Returns per cell two values: its count after the merge
+/// (or the error text of a cell that failed alone) and the renewed lease's new id (0: not
+/// renewed). A cell costs Redis two or three commands: the own count it holds, then the count
+/// and the own count raised if the replay carries more (a replay delivered twice only
+/// reads); the expiry is set once, by the process's first write to the cell (the decide
+/// script sets it for cells decided first), not on every replay. A renewal (once per lease
+/// lifetime of a key in use) keeps the same ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
 local f = 'o:' .. inst
-local function replay(cell, leases, used, ttl, id)
+local clock
+local function renew(cell, leases, id)
+  if id == '0' then return 0 end
+  if not clock then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local v = redis.call('HGET', leases, inst)
+  if not v then return 0 end
+  local sep = string.find(v, ':', 1, true)
+  local held = tonumber(string.sub(v, sep + 1))
+  if held ~= tonumber(id) or held <= clock then return 0 end
+  local new = clock + tonumber(ARGV[2])
+  local last = tonumber(redis.call('HGET', cell, 'i:' .. inst) or '0')
+  if last >= new then new = last + 1 end
+  if held >= new then new = held + 1 end
+  redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new))
+  redis.call('HSET', leases, inst, string.sub(v, 1, sep) .. string.format('%d', new))
+  return new
+end
+local function replay(cell, leases, used, ttl, id, renewing)
   local held = redis.call('HGET', cell, f)
   local n
   if used > tonumber(held or '0') then
@@ -64,13 +87,19 @@ local function replay(cell, leases, used, ttl, id)
     n = tonumber(redis.call('HGET', cell, 'n') or '0')
   end
   release(leases, inst, id)
-  return n
+  return n, renew(cell, leases, renewing)
 end
 local out = {}
 for i = 1, #KEYS / 2 do
-  local a = 3 * i - 1
-  local ok, n = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2])
-  if ok then out[i] = n elseif type(n) == 'table' then out[i] = tostring(n.err) else out[i] = tostring(n) end
+  local a = 4 * i - 1
+  local ok, n, renewed = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  if ok then
+    out[2 * i - 1] = n
+    out[2 * i] = renewed
+  else
+    if type(n) == 'table' then out[2 * i - 1] = tostring(n.err) else out[2 * i - 1] = tostring(n) end
+    out[2 * i] = 0
+  end
 end
 return out
 "#;
@@ -485,7 +514,8 @@ impl RedisOrigin {
         &self,
         instance: &str,
         cells: &[CellUsed<'_>],
-    ) -> Result<Vec<Option<u64>>, OriginError> {
+        lease_ms: u64,
+    ) -> Result<Vec<Option<Replayed>>, OriginError> {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
@@ -493,7 +523,9 @@ impl RedisOrigin {
         // restarted Redis never answers NOSCRIPT, and a batch whose answer timed out is still
         // applied once Redis reads it. One bad cell (a foreign value at its key) fails alone.
         let mut invocation = self.replay.prepare_invoke();
-        invocation.arg(instance);
+        invocation
+            .arg(instance)
+            .arg(strata_core::lease::reserved_until(0, lease_ms));
         for c in cells {
             let cell = cell_key(c.key, c.sequence);
             let mut leases = String::with_capacity(cell.len() + 2);
@@ -504,27 +536,31 @@ impl RedisOrigin {
                 .key(leases)
                 .arg(c.used)
                 .arg(c.key.duration().as_ms().saturating_mul(3))
-                .arg(c.release);
+                .arg(c.release)
+                .arg(c.renew);
         }
         let mut pipe = redis::pipe();
         pipe.load_script(&self.replay).ignore();
         pipe.invoke_script(&invocation);
         let mut conn = self.conn.clone();
         let (counts,): (Vec<redis::Value>,) = pipe.query_async(&mut conn).await.map_err(backend)?;
-        if counts.len() != cells.len() {
+        if counts.len() != 2 * cells.len() {
             return Err(OriginError::Rejected(format!(
-                "redis: the replay script answered {} cells of {}",
+                "redis: the replay script answered {} values for {} cells",
                 counts.len(),
                 cells.len()
             )));
         }
         Ok(counts
-            .into_iter()
+            .chunks_exact(2)
             .zip(cells)
-            .map(|(r, c)| match r {
-                redis::Value::Int(n) => u64::try_from(n).ok(),
+            .map(|(pair, c)| match pair {
+                [redis::Value::Int(n), redis::Value::Int(renewed)] => Some(Replayed {
+                    count: u64::try_from(*n).ok()?,
+                    renewed: u64::try_from(*renewed).unwrap_or(0),
+                }),
                 other => {
-                    tracing::warn!(error = ?other, cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
+                    tracing::warn!(error = ?other.first(), cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
                     None
                 }
             })

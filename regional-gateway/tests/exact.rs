@@ -499,12 +499,23 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     } else {
                         next() % 3
                     };
+                    let before = used(key, sequence, 0);
+                    let now_used = used(key, sequence, grow);
+                    // The acknowledged-count hint: right, stale, ahead, or absent; the counts
+                    // must come out the same whatever it says.
+                    let acked = match next() % 4 {
+                        0 => before,
+                        1 => before.saturating_sub(1),
+                        2 => now_used.saturating_add(next() % 3),
+                        _ => 0,
+                    };
                     let cell = CellUsed {
                         key,
                         sequence,
-                        used: used(key, sequence, grow),
+                        used: now_used,
                         release: 0,
                         renew: 0,
+                        acked,
                     };
                     (cell, next())
                 })

@@ -37,6 +37,9 @@ pub struct ReplayEvent {
     /// reserving for another lease lifetime (0: none): a lease in use that has used up half
     /// its lifetime, renewed off the request path instead of by the next request's decision.
     pub renew: u64,
+    /// The largest `used` the origin acknowledged for the cell (so an origin that agrees
+    /// adds the difference without reading first).
+    pub acked: u64,
 }
 
 impl ReplayEvent {
@@ -50,6 +53,7 @@ impl ReplayEvent {
             used: self.used,
             limit: self.limit,
             release: self.release,
+            acked: self.acked,
         }
     }
 }
@@ -87,6 +91,7 @@ impl ReplayBatch {
                     used: e.used,
                     limit: e.limit,
                     release: e.release,
+                    acked: e.acked,
                 })
                 .collect(),
         }
@@ -151,6 +156,7 @@ impl WindowState {
                     limit: self.limit(),
                     release,
                     renew,
+                    acked: cell.acked(),
                 });
             }
         }

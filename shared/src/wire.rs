@@ -239,6 +239,11 @@ pub struct ReplayEvent {
     /// using it before sending this. Dropped only if no newer lease replaced it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub release: u64,
+    /// The largest `used` the origin has acknowledged for the cell (default 0: unknown). An
+    /// origin whose own record agrees adds the difference without reading first; any other
+    /// value only costs it that read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub acked: u64,
 }
 
 /// `POST /v1/origin/replay` body.
@@ -380,6 +385,9 @@ pub struct ReplayRef<'a> {
     pub limit: u64,
     /// The id of the lease the process gives back (0: none).
     pub release: u64,
+    /// The largest count the origin acknowledged for the cell, as the process knows it (0:
+    /// unknown); only a hint.
+    pub acked: u64,
 }
 
 /// For `skip_serializing_if`: a zero id is left out.
@@ -603,6 +611,7 @@ impl ReplayRequest {
                     used: count(&path, "used", e.used)?,
                     limit: count(&path, "limit", e.limit)?,
                     release: e.release,
+                    acked: e.acked,
                 })
             })
             .collect()

@@ -385,6 +385,7 @@ fn origin_requests_have_the_contract_shape() {
         used: 3,
         limit: 10,
         release,
+        acked: 0,
     };
     let replay = ReplayRequest {
         instance: "e1".into(),

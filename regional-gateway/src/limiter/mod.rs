@@ -225,6 +225,7 @@ impl Limiter {
                 used: e.used,
                 release: e.release,
                 renew: renew.get(i).copied().unwrap_or(0),
+                acked: e.acked,
             })
             .collect();
         let after = self.origin.replay(instance, &cells, now_ms).await?;

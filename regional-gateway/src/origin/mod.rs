@@ -124,6 +124,9 @@ pub struct CellUsed<'a> {
     /// The id of the live lease the process asks to keep reserved for another lifetime (0:
     /// none).
     pub renew: u64,
+    /// The largest count the process knows the origin acknowledged (0: unknown): Redis adds
+    /// the difference at once when its record agrees.
+    pub acked: u64,
 }
 
 /// One replayed cell as the origin answers it.

@@ -45,14 +45,18 @@ end
 
 /// A replay batch, one script call for all its cells. KEYS: per cell, the cell and its
 /// leases. ARGV: instance, how long a renewed lease is reserved (ms, on Redis's clock), then
-/// per cell its own cumulative count, ttl ms, the id of a lease given back (0: none) and the id
-/// of a live lease to renew (0: none). Returns per cell two values: its count after the merge
-/// (or the error text of a cell that failed alone) and the renewed lease's new id (0: not
-/// renewed). A cell costs Redis two or three commands: the own count it holds, then the count
-/// and the own count raised if the replay carries more (a replay delivered twice only
-/// reads); the expiry is set once, by the process's first write to the cell (the decide
-/// script sets it for cells decided first), not on every replay. A renewal (once per lease
-/// lifetime of a key in use) keeps the same ceiling under a new id, like a grant's.
+/// per cell its own cumulative count, the count the caller knows was acknowledged (0:
+/// unknown), ttl ms, the id of a lease given back (0: none) and the id of a live lease to
+/// renew (0: none). Returns per cell two values: its count after the merge (or the error text
+/// of a cell that failed alone) and the renewed lease's new id (0: not renewed).
+///
+/// A cell costs Redis two commands when the caller's acknowledged count agrees with the own
+/// count held here (the usual case): the difference added to both, the check being the
+/// own count `HINCRBY` returns. Otherwise (a lost answer, a first write, lost data) it is put
+/// right with a `max`-merge, two or three commands more. The expiry is set once, by the
+/// process's first write to the cell (the decide script sets it for cells decided first), not
+/// on every replay. A renewal (once per lease lifetime of a key in use) keeps the same
+/// ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
 local f = 'o:' .. inst
@@ -76,23 +80,40 @@ local function renew(cell, leases, id)
   redis.call('HSET', leases, inst, string.sub(v, 1, sep) .. string.format('%d', new))
   return new
 end
-local function replay(cell, leases, used, ttl, id, renewing)
+local function merge(cell, used, acked, ttl)
+  if acked > 0 and used > acked then
+    -- the caller says its record here is `acked`: add the difference, and check
+    local d = used - acked
+    local v = redis.call('HINCRBY', cell, f, d)
+    if v == used then return redis.call('HINCRBY', cell, 'n', d) end
+    -- it was not: put the record right (it held v - d) and merge with max
+    local held = v - d
+    if held == 0 then redis.call('PEXPIRE', cell, ttl, 'NX') end
+    if used > held then
+      redis.call('HSET', cell, f, used)
+      return redis.call('HINCRBY', cell, 'n', used - held)
+    end
+    redis.call('HSET', cell, f, held)
+    return tonumber(redis.call('HGET', cell, 'n') or '0')
+  end
   local held = redis.call('HGET', cell, f)
-  local n
   if used > tonumber(held or '0') then
-    n = redis.call('HINCRBY', cell, 'n', used - tonumber(held or '0'))
+    local n = redis.call('HINCRBY', cell, 'n', used - tonumber(held or '0'))
     redis.call('HSET', cell, f, used)
     if not held then redis.call('PEXPIRE', cell, ttl, 'NX') end
-  else
-    n = tonumber(redis.call('HGET', cell, 'n') or '0')
+    return n
   end
+  return tonumber(redis.call('HGET', cell, 'n') or '0')
+end
+local function replay(cell, leases, used, acked, ttl, id, renewing)
+  local n = merge(cell, used, acked, ttl)
   release(leases, inst, id)
   return n, renew(cell, leases, renewing)
 end
 local out = {}
 for i = 1, #KEYS / 2 do
-  local a = 4 * i - 1
-  local ok, n, renewed = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  local a = 5 * i - 2
+  local ok, n, renewed = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
   if ok then
     out[2 * i - 1] = n
     out[2 * i] = renewed
@@ -535,6 +556,7 @@ impl RedisOrigin {
                 .key(cell)
                 .key(leases)
                 .arg(c.used)
+                .arg(c.acked)
                 .arg(c.key.duration().as_ms().saturating_mul(3))
                 .arg(c.release)
                 .arg(c.renew);

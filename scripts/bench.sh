@@ -9,7 +9,9 @@
 #
 #   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
 #   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
-#   EXTRA="name=cmd with args" scripts/bench.sh   # one more contender listening on 127.0.0.1:8093
+#   EXTRA="name=cmd with args" EXTRA_SCRIPT=bench/limitador.lua scripts/bench.sh
+#                                         # one more contender on 127.0.0.1:8093, driven by its
+#                                         # own wrk script (same keys, its API's body)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
@@ -19,6 +21,7 @@ WARMUP=${WARMUP:-3}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-"1 10000"}
 EXTRA=${EXTRA:-}
+EXTRA_SCRIPT=${EXTRA_SCRIPT:-bench/ratelimit.lua}
 
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""
@@ -29,6 +32,7 @@ command -v redis-server >/dev/null || { echo "bench: redis-server is needed (scr
 
 cargo build --release -q -p strata-gateway --bin strata-gateway --example bare
 BIN="$CARGO_TARGET_DIR/release"
+GATEWAY=${GATEWAY:-$BIN/strata-gateway} # another build of the gateway to compare, e.g. an older commit's
 WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
 REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 PIDS=()
@@ -52,15 +56,14 @@ metric_sum() { # the sum of a gateway metric's samples whose line matches $2
 redis_calls() { rcli info commandstats | awk -F'[=,:]' '/^cmdstat_/ { s += $3 } END { printf "%d", s }'; }
 redis_cpu() { rcli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'; }
 
-start() { # name port command...: starts a contender, waits until it answers
+start() { # name port command...: starts a contender, waits until it accepts connections
   local name=$1 port=$2
   shift 2
   "$@" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   SERVER=$!
   for _ in $(seq 100); do
-    curl -s -o /dev/null -X POST "127.0.0.1:$port/v1/ratelimit" -H 'content-type: application/json' \
-      -d '{"namespace":"warm","identifier":"x","limit":1000000000,"duration":3600000}' && return 0
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
     sleep 0.1
   done
   echo "bench: $name did not start; its log:" >&2
@@ -80,16 +83,18 @@ for round in $(seq "$ROUNDS"); do
       gw_args=(--listen 127.0.0.1:8091 --database-url "sqlite://$WORK/global-$c.db")
       case $c in
         bare) start bare 8090 "$BIN/examples/bare" 127.0.0.1:8090 ;;
-        embedded) port=8091; start "$c" 8091 "$BIN/strata-gateway" "${gw_args[@]}" ;;
+        embedded) port=8091; start "$c" 8091 "$GATEWAY" "${gw_args[@]}" ;;
         redis)
           port=8091
           rcli flushall >/dev/null
-          start "$c" 8091 "$BIN/strata-gateway" "${gw_args[@]}" --redis-url "redis://127.0.0.1:$REDIS_PORT/"
+          start "$c" 8091 "$GATEWAY" "${gw_args[@]}" --redis-url "redis://127.0.0.1:$REDIS_PORT/"
           ;;
         extra) port=8093; start "${EXTRA%%=*}" 8093 bash -c "exec ${EXTRA#*=}" ;;
       esac
+      script=bench/ratelimit.lua
+      [ "$c" = extra ] && script=$EXTRA_SCRIPT
       # Every key warm first (cold keys are a one-time cost per key, not the steady state).
-      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" >/dev/null
+      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$script" "http://127.0.0.1:$port" -- "$keys" >/dev/null
       rt0=0; cells0=0
       if [ "$port" = 8091 ]; then
         rt0=$(metric_sum 8091 '^strata_origin_calls_total')
@@ -98,7 +103,7 @@ for round in $(seq "$ROUNDS"); do
       rcli config resetstat >/dev/null
       rcpu0=$(redis_cpu)
       cpu0=$(cpu_seconds "$SERVER")
-      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys")
+      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$script" "http://127.0.0.1:$port" -- "$keys")
       cpu1=$(cpu_seconds "$SERVER")
       line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
       eval "$(sed 's/^WRK //' <<<"$line")"

@@ -241,6 +241,40 @@ async fn replaying_the_same_batch_twice_counts_once() {
     assert_eq!(read, vec![9, 5]);
 }
 
+/// A burst of concurrent requests on a cold key, and again when its window rolls over, sends
+/// Redis one decision each time (the others wait for its answer and pass under the lease it
+/// brought), not one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_a_cold_key_share_one_origin_call() {
+    const TASKS: usize = 64;
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    let m = &g.gateway.limiter.metrics;
+    for round in 0..2 {
+        let before = m.origin_calls("decide");
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let gw = g.gateway.clone();
+                tokio::spawn(async move { decide(&gw, "burst", 1_000_000).await })
+            })
+            .collect();
+        for t in tasks {
+            assert!(
+                t.await.unwrap(),
+                "round {round}: far from the limit, every request passes"
+            );
+        }
+        let calls = m.origin_calls("decide") - before;
+        println!("round {round}: {TASKS} concurrent requests, {calls} origin decisions");
+        assert!(
+            (1..=2).contains(&calls),
+            "round {round}: {calls} origin decisions for {TASKS} concurrent requests"
+        );
+        assert!(g.gateway.limiter.in_flight.is_empty());
+        g.clock.advance(60_000); // the next window: its cell is cold
+    }
+}
+
 /// The counts of a replay answer.
 fn counts(answer: Vec<Option<Replayed>>) -> Vec<Option<u64>> {
     answer.into_iter().map(|r| r.map(|r| r.count)).collect()

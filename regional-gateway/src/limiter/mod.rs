@@ -3,7 +3,11 @@
 //! back by the core; a failure falls back to local memory. This file only orders the steps
 //! around locks and awaits: no lock is held across an await.
 
+mod inflight;
 mod multi;
+
+pub use inflight::InFlight;
+use inflight::Turn;
 
 use std::sync::Arc;
 
@@ -35,6 +39,8 @@ pub struct Limiter {
     pub instance: String,
     /// The region's counts as this gateway knows them, and what it imported from the others.
     pub global: crate::global::Global,
+    /// Single-limit origin calls in flight, which concurrent requests on their key wait for.
+    pub in_flight: InFlight,
 }
 
 /// The only decision of a one-limit request (a denial if the core answered none).
@@ -63,32 +69,50 @@ impl Limiter {
             metrics,
             clock,
             global,
+            in_flight: InFlight::default(),
             instance: format!("gw-{:016x}", rand::random::<u64>()),
         }
     }
 
     /// Decides one limit: locally where the lease allows it (or the local view denies),
-    /// otherwise at the origin, atomically.
+    /// otherwise at the origin, atomically. A request whose key already has a call in flight
+    /// waits for that call once (bounded by the origin timeout), then decides again: a burst
+    /// on a cold key, or on a hot key at its window's rollover, makes one call, not one per
+    /// request.
     pub async fn decide(&self, limit: LimitRequest<'_>) -> Decision {
         let key = limit.key;
-        let now = self.clock.now_ms();
-        let step = self
-            .local
-            .lock(key)
-            .check(key, limit.limit, limit.cost, now);
-        match step {
-            Step::Decided(d) => {
-                self.metrics.decision(Source::Local, d.success);
-                d
-            }
-            Step::Origin(plan) => {
-                let (multi, source) = self
-                    .decide_at_origin(&OriginCall::single(limit, plan))
-                    .await;
-                let d = only(&multi, &limit);
-                self.metrics.decision(source, d.success);
-                d
-            }
+        let mut followed = false;
+        loop {
+            let now = self.clock.now_ms();
+            let step = self
+                .local
+                .lock(key)
+                .check(key, limit.limit, limit.cost, now);
+            let plan = match step {
+                Step::Decided(d) => {
+                    self.metrics.decision(Source::Local, d.success);
+                    return d;
+                }
+                Step::Origin(plan) => plan,
+            };
+            // The plan of a request that follows is dropped: the leader's call gives back
+            // whatever lease it gave back, and an unused call id is only a gap.
+            let lead = match (followed, self.in_flight.turn(key)) {
+                (false, Turn::Follow(done)) => {
+                    followed = true;
+                    let _ = tokio::time::timeout(self.origin.timeout(), done).await;
+                    continue;
+                }
+                (_, Turn::Lead(lead)) => Some(lead),
+                (true, Turn::Follow(_)) => None,
+            };
+            let (multi, source) = self
+                .decide_at_origin(&OriginCall::single(limit, plan))
+                .await;
+            drop(lead);
+            let d = only(&multi, &limit);
+            self.metrics.decision(source, d.success);
+            return d;
         }
     }
 

@@ -265,6 +265,11 @@ impl OriginClient {
         .await
     }
 
+    /// How long a call may take before it counts as failed.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// How long the leases this origin grants may be used.
     pub fn lease_ms(&self) -> u64 {
         self.lease_ms

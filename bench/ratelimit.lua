@@ -1,16 +1,21 @@
 -- wrk script for scripts/bench.sh: POST /v1/ratelimit round-robin over KEYS identifiers
 -- (wrk ... -s bench/ratelimit.lua -- KEYS), every request passing (limit 10^9, one hour), and
--- one machine-readable line at the end.
+-- one machine-readable line at the end. With a second argument `limitador`, the same users go
+-- to Limitador's POST /check_and_report instead (namespace "bench", whose limits file holds
+-- 10^9 per hour per user).
 local bodies = {}
 local next_key = 1
 
 function init(args)
   local keys = tonumber(args[1] or "1")
+  local path, shape = "/v1/ratelimit",
+    '{"namespace":"bench","identifier":"user-%d","limit":1000000000,"duration":3600000}'
+  if args[2] == "limitador" then
+    path, shape = "/check_and_report", '{"namespace":"bench","values":{"user":"user-%d"},"delta":1}'
+  end
   for i = 1, keys do
-    local body = string.format(
-      '{"namespace":"bench","identifier":"user-%d","limit":1000000000,"duration":3600000}', i)
-    bodies[i] = wrk.format("POST", "/v1/ratelimit",
-      { ["Content-Type"] = "application/json" }, body)
+    bodies[i] = wrk.format("POST", path,
+      { ["Content-Type"] = "application/json" }, string.format(shape, i))
   end
 end
 

@@ -9,9 +9,9 @@
 #
 #   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
 #   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
-#   EXTRA="name=cmd with args" EXTRA_SCRIPT=bench/limitador.lua scripts/bench.sh
-#                                         # one more contender on 127.0.0.1:8093, driven by its
-#                                         # own wrk script (same keys, its API's body)
+#   EXTRA="name=cmd with args" EXTRA_API=limitador scripts/bench.sh
+#                                         # one more contender on 127.0.0.1:8093 (EXTRA_API:
+#                                         # the request shape bench/ratelimit.lua sends it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
@@ -21,7 +21,7 @@ WARMUP=${WARMUP:-3}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-"1 10000"}
 EXTRA=${EXTRA:-}
-EXTRA_SCRIPT=${EXTRA_SCRIPT:-bench/ratelimit.lua}
+EXTRA_API=${EXTRA_API:-strata}
 
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""
@@ -91,10 +91,10 @@ for round in $(seq "$ROUNDS"); do
           ;;
         extra) port=8093; start "${EXTRA%%=*}" 8093 bash -c "exec ${EXTRA#*=}" ;;
       esac
-      script=bench/ratelimit.lua
-      [ "$c" = extra ] && script=$EXTRA_SCRIPT
+      api=strata
+      [ "$c" = extra ] && api=$EXTRA_API
       # Every key warm first (cold keys are a one-time cost per key, not the steady state).
-      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$script" "http://127.0.0.1:$port" -- "$keys" >/dev/null
+      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api" >/dev/null
       rt0=0; cells0=0
       if [ "$port" = 8091 ]; then
         rt0=$(metric_sum 8091 '^strata_origin_calls_total')
@@ -103,7 +103,7 @@ for round in $(seq "$ROUNDS"); do
       rcli config resetstat >/dev/null
       rcpu0=$(redis_cpu)
       cpu0=$(cpu_seconds "$SERVER")
-      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$script" "http://127.0.0.1:$port" -- "$keys")
+      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api")
       cpu1=$(cpu_seconds "$SERVER")
       line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
       eval "$(sed 's/^WRK //' <<<"$line")"

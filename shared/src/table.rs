@@ -33,7 +33,7 @@ pub struct TableConfig {
     /// view, whose flush is the only way those counts reach other regions); a table full of
     /// them still evicts, and counts the loss in `TableStats::unpublished_lost`.
     pub keep_unpublished: bool,
-    /// Replays ask the origin to keep reserving leases in use past half their lifetime
+    /// Replays ask the origin to keep reserving leases in use in the last quarter of their lifetime
     /// ([`ReplayEvent::renew`](crate::replay::ReplayEvent)), for a shell whose origin renews
     /// them (the gateway's; an edge's `/v1/origin/replay` does not carry it yet).
     pub renew_leases: bool,

@@ -405,10 +405,10 @@ fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
     }
 }
 
-/// A lease in use is renewed with the replay from half its lifetime on (when the table's
+/// A lease in use is renewed with the replay in the last quarter of its lifetime (when the table's
 /// origin renews), so the key's requests stay local past the lease's first deadline.
 #[test]
-fn a_lease_in_use_is_renewed_by_the_replay_past_half_its_lifetime() {
+fn a_lease_in_use_is_renewed_by_the_replay_in_the_last_quarter_of_its_lifetime() {
     let mut t = CounterTable::new(
         TableConfig {
             capacity: 100,
@@ -420,27 +420,34 @@ fn a_lease_in_use_is_renewed_by_the_replay_past_half_its_lifetime() {
     let minute = WindowDuration::from_ms(60_000).unwrap();
     let k = WindowKeyRef::new("ws", "ns", "renew", minute).unwrap();
     warm(&mut t, k, 1_000, 100); // a lease of 100 until T0 + 5 s, id 1
-    let half = t.config().origin.lease_ms / 2;
+    let due_at = t.config().origin.lease_ms * 3 / 4;
     assert!(matches!(t.check(k, 1_000, 1, T0 + 100), Step::Decided(d) if d.success));
     let early = t.take_replay(1_000, T0 + 200);
-    assert_eq!(early.events[0].renew, 0, "not half its lifetime yet");
+    assert_eq!(early.events[0].renew, 0, "not in its last quarter yet");
     t.ack_replay(&early, &[Counts::default()]);
-    assert!(matches!(t.check(k, 1_000, 1, T0 + half + 100), Step::Decided(d) if d.success));
-    let due = t.take_replay(1_000, T0 + half + 200);
-    assert_eq!(due.events[0].renew, 1, "in use, half its lifetime gone");
+    assert!(matches!(t.check(k, 1_000, 1, T0 + due_at - 100), Step::Decided(d) if d.success));
+    let before = t.take_replay(1_000, T0 + due_at - 1);
+    assert_eq!(before.events[0].renew, 0, "just before its last quarter");
+    t.ack_replay(&before, &[Counts::default()]);
+    assert!(matches!(t.check(k, 1_000, 1, T0 + due_at), Step::Decided(d) if d.success));
+    let due = t.take_replay(1_000, T0 + due_at);
+    assert_eq!(due.events[0].renew, 1, "in use, in its last quarter");
     t.ack_replay(&due, &[Counts::default()]);
-    t.renewed(&due.events[0], 7, T0 + half + 200 + 5_000);
+    t.renewed(&due.events[0], 7, T0 + due_at + 5_000);
     assert_eq!(t.get(k).unwrap().current().lease_id(), 7);
     // Past the first deadline: still local.
     assert!(matches!(t.check(k, 1_000, 1, T0 + 6_000), Step::Decided(d) if d.success));
     // A stale renewal answer (of a lease since replaced) changes nothing.
     t.renewed(&due.events[0], 9, T0 + 60_000);
     assert_eq!(t.get(k).unwrap().current().lease_id(), 7);
-    // Used again, near its new deadline: asked again; then unused since: not renewed.
-    let again = t.take_replay(1_000, T0 + 6_100);
+    // Used again, in the last quarter of its new lifetime: asked again; then unused since:
+    // not renewed.
+    let late = T0 + due_at + 4_000;
+    assert!(matches!(t.check(k, 1_000, 1, late), Step::Decided(d) if d.success));
+    let again = t.take_replay(1_000, late);
     assert_eq!(again.events[0].renew, 7);
     t.ack_replay(&again, &[Counts::default()]);
-    let unused = t.take_replay(1_000, T0 + 6_200);
+    let unused = t.take_replay(1_000, late + 100);
     assert!(unused.events.iter().all(|e| e.renew == 0), "{unused:?}");
 }
 

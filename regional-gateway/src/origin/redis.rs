@@ -55,8 +55,8 @@ end
 /// own count `HINCRBY` returns. Otherwise (a lost answer, a first write, lost data) it is put
 /// right with a `max`-merge, two or three commands more. The expiry is set once, by the
 /// process's first write to the cell (the decide script sets it for cells decided first), not
-/// on every replay. A renewal (once per lease lifetime of a key in use) keeps the same
-/// ceiling under a new id, like a grant's.
+/// on every replay. A renewal (once per lease lifetime of a key in use, three commands) keeps
+/// the same ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
 local f = 'o:' .. inst
@@ -72,9 +72,9 @@ local function renew(cell, leases, id)
   local sep = string.find(v, ':', 1, true)
   local held = tonumber(string.sub(v, sep + 1))
   if held ~= tonumber(id) or held <= clock then return 0 end
+  -- the new id only has to exceed the live lease's, the largest this holder has seen here
+  -- (grants it never saw were rolled back); 'i:' keeps later grants above it
   local new = clock + tonumber(ARGV[2])
-  local last = tonumber(redis.call('HGET', cell, 'i:' .. inst) or '0')
-  if last >= new then new = last + 1 end
   if held >= new then new = held + 1 end
   redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new))
   redis.call('HSET', leases, inst, string.sub(v, 1, sep) .. string.format('%d', new))

@@ -364,3 +364,69 @@ async fn three_gateways_hold_the_limit_across_window_rollovers() {
         "only {mean:.1} a window: {per_window:?}"
     );
 }
+
+/// Three gateway processes serving one key steadily, far from its limit, for four lease
+/// lifetimes (`--fresh-for 1s`): their replays renew the leases in use, so requests after each
+/// gateway's first stay local; Redis counts every admitted request once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_steady_use_are_renewed_across_gateway_processes() {
+    const GATEWAYS: usize = 3;
+    const LIMIT: u64 = 100_000;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let http = client();
+    let mut gateways: Vec<Gateway> = (0..GATEWAYS)
+        .map(|_| Gateway::start(&["--redis-url", url.as_str(), "--fresh-for", "1s"]))
+        .collect();
+    for g in &mut gateways {
+        g.ready(&http).await;
+    }
+    let id = fresh("steady");
+    let start = std::time::Instant::now();
+    let (mut sent, mut admitted) = (0u64, 0u64);
+    // One request per gateway every 50 ms for 4 s: 4 lifetimes of a 1 s lease.
+    while start.elapsed() < Duration::from_secs(4) {
+        for g in &gateways {
+            sent += 1;
+            admitted += u64::from(admit(&http, &g.base, &id, LIMIT).await);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut decides = 0.0;
+    let mut renewals = 0.0;
+    for g in &gateways {
+        let text = common::metrics(&http, &g.base).await;
+        decides += common::metric_sum(&text, |l| {
+            l.starts_with("strata_origin_calls_total") && l.contains("op=\"decide\"")
+        });
+        renewals += common::metric_sum(&text, |l| l.starts_with("strata_lease_renewals_total"));
+    }
+    println!(
+        "3 gateway processes, steady for 4 lease lifetimes: {admitted} admitted, {decides} origin decisions, {renewals} renewals"
+    );
+    assert_eq!(admitted, sent, "far from the limit, all pass");
+    assert!(renewals >= GATEWAYS as f64, "{renewals} renewals");
+    // Without renewal each gateway would ask again every lifetime (at least 4 each).
+    assert!(
+        decides <= 2.0 * GATEWAYS as f64,
+        "{decides} origin decisions for {admitted} requests"
+    );
+    // Every admitted request counted once at Redis, read from outside once the replays are in.
+    let sequence = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        / HOUR_MS;
+    let read = json!({"cells":[{"namespace":"api","identifier":id,"duration":HOUR_MS,"sequence":sequence}]});
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let counted = loop {
+        let url = format!("{}/v1/origin/read", gateways[0].base);
+        let r = common::post_json(&http, url, &read).await;
+        let n = r["cells"][0]["regional"].as_u64().unwrap_or(0);
+        if n == admitted || std::time::Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(counted, admitted, "counted once each");
+}

@@ -25,9 +25,7 @@ async fn start_gateway(redis: &RedisServer, http: &reqwest::Client) -> (GatewayP
 }
 
 async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
-    let r = http.post(url).json(&body).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
+    common::post_json(http, url, &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

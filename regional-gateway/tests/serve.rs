@@ -172,15 +172,8 @@ async fn the_last_global_flush_follows_the_replay_drain() {
     let s = serve(Duration::from_secs(3_600)).await;
     let http = reqwest::Client::new();
     for _ in 0..6 {
-        let r: Value = http
-            .post(format!("{}/v1/ratelimit", s.base))
-            .json(&json!({"namespace":"api","identifier":"pub","limit":10,"duration":60_000}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = json!({"namespace":"api","identifier":"pub","limit":10,"duration":60_000});
+        let r = common::post_json(&http, format!("{}/v1/ratelimit", s.base), &body).await;
         assert_eq!(r["success"], true);
     }
     assert!(

@@ -118,15 +118,7 @@ async fn a_gateway_starts_and_decides_while_its_database_is_down() {
     let body =
         serde_json::json!({"namespace":"api","identifier":"offline","limit":10,"duration":60_000});
     for _ in 0..3 {
-        let r: serde_json::Value = http
-            .post(format!("{}/v1/ratelimit", g.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = common::post_json(&http, format!("{}/v1/ratelimit", g.base), &body).await;
         assert_eq!(r["success"], true);
     }
     // Each attempt waits out the pool's 2 s acquire timeout against the refused port.

@@ -25,6 +25,8 @@ use strata_core::{
     WindowKeyRef,
 };
 
+mod support;
+
 fn cases() -> u32 {
     std::env::var("STRATA_FUZZ_CASES")
         .ok()
@@ -67,39 +69,6 @@ const API_FIELDS: &[&str] = &[
     "cells",
     "events",
     "x",
-];
-
-/// The rule model's field names (rules, matches, actions, header matchers, costs).
-const RULE_FIELDS: &[&str] = &[
-    "rules",
-    "name",
-    "namespace",
-    "limit",
-    "duration",
-    "cost",
-    "shadow",
-    "match",
-    "actions",
-    "methods",
-    "hosts",
-    "path_prefix",
-    "headers",
-    "request_headers",
-    "header_name",
-    "descriptor_key",
-    "skip_if_absent",
-    "remote_address",
-    "generic_key",
-    "descriptor_value",
-    "header_value_match",
-    "expect_match",
-    "exact_match",
-    "prefix_match",
-    "present_match",
-    "invert_match",
-    "header",
-    "default",
-    "max",
 ];
 
 /// JSON values shaped like the API's bodies: its field names, numbers at the edges (negative,
@@ -495,7 +464,7 @@ proptest! {
 
     #[test]
     fn arbitrary_rules_never_panic_the_parser_or_the_gate(
-        rule in json_with(RULE_FIELDS),
+        rule in json_with(support::RULE_FIELDS),
         requests in prop::collection::vec(request(), 0..8),
     ) {
         rules_and_requests(&rule, &requests);

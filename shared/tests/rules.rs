@@ -16,75 +16,58 @@ use strata_core::gate::{
     ENFORCED, FailureModeName, Gate, GateError, GateOptions, Pending, Reply, SHADOW,
 };
 use strata_core::rules::{
-    Applied, MAX_RULES, RequestError, RequestView, RuleError, RuleSet, client_address,
+    Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet, client_address,
     parse_duration_ms,
 };
 use strata_core::{CounterTable, FailureMode, TableConfig};
+
+mod support;
 
 const T0: u64 = 28_333_334 * 60_000; // a minute boundary
 
 // ---- A request --------------------------------------------------------------------------
 
-/// A request as a shell would present it: header names in lower case.
-#[derive(Clone, Debug)]
-struct Req {
-    method: String,
-    host: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    peer: Option<String>,
+/// A request as a shell would present it (header names in lower case): the core's
+/// `ListRequest`, built by the methods below.
+type Req = ListRequest;
+
+fn get(path: &str) -> Req {
+    ListRequest {
+        method: "GET".into(),
+        host: "api.example.com".into(),
+        path: path.into(),
+        headers: Vec::new(),
+        peer: Some("192.0.2.1".into()),
+    }
 }
 
-impl Req {
-    fn get(path: &str) -> Self {
-        Self {
-            method: "GET".into(),
-            host: "api.example.com".into(),
-            path: path.into(),
-            headers: Vec::new(),
-            peer: Some("192.0.2.1".into()),
-        }
-    }
+/// Builder steps (named apart from `RequestView`'s accessors).
+trait Build {
+    fn with_method(self, method: &str) -> Self;
+    fn with_host(self, host: &str) -> Self;
+    fn with_peer(self, peer: Option<&str>) -> Self;
+    fn with_header(self, name: &str, value: &str) -> Self;
+}
 
-    fn method(mut self, method: &str) -> Self {
+impl Build for Req {
+    fn with_method(mut self, method: &str) -> Self {
         self.method = method.into();
         self
     }
 
-    fn host(mut self, host: &str) -> Self {
+    fn with_host(mut self, host: &str) -> Self {
         self.host = host.into();
         self
     }
 
-    fn peer(mut self, peer: Option<&str>) -> Self {
+    fn with_peer(mut self, peer: Option<&str>) -> Self {
         self.peer = peer.map(Into::into);
         self
     }
 
-    fn header(mut self, name: &str, value: &str) -> Self {
+    fn with_header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_ascii_lowercase(), value.into()));
         self
-    }
-}
-
-impl RequestView for Req {
-    fn method(&self) -> &str {
-        &self.method
-    }
-    fn host(&self) -> &str {
-        &self.host
-    }
-    fn path(&self) -> &str {
-        &self.path
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-    fn peer_address(&self) -> Option<&str> {
-        self.peer.as_deref()
     }
 }
 
@@ -168,12 +151,12 @@ fn header<'r>(reply: &'r Reply, name: &str) -> Option<&'r str> {
 fn request_headers_makes_an_entry_or_drops_the_rule() {
     let rules = one(json!([header_action("X-User", "user")]), json!({}));
     assert_eq!(
-        ids(&rules, &Req::get("/").header("x-user", "u-1")),
+        ids(&rules, &get("/").with_header("x-user", "u-1")),
         ["user=u-1"]
     );
-    assert_eq!(ids(&rules, &Req::get("/")), Vec::<String>::new());
+    assert_eq!(ids(&rules, &get("/")), Vec::<String>::new());
     // An empty value is still a value.
-    assert_eq!(ids(&rules, &Req::get("/").header("x-user", "")), ["user="]);
+    assert_eq!(ids(&rules, &get("/").with_header("x-user", "")), ["user="]);
 }
 
 #[test]
@@ -186,19 +169,19 @@ fn skip_if_absent_drops_only_its_entry() {
         json!({}),
     );
     assert_eq!(
-        ids(&rules, &Req::get("/").header("x-user", "u-1")),
+        ids(&rules, &get("/").with_header("x-user", "u-1")),
         ["user=u-1&generic_key=all"]
     );
-    assert_eq!(ids(&rules, &Req::get("/")), ["generic_key=all"]);
+    assert_eq!(ids(&rules, &get("/")), ["generic_key=all"]);
 
     // Every entry skipped: nothing to limit by, so the rule does not apply.
     let alone = one(
         json!([{"request_headers": {"header_name": "x-user", "descriptor_key": "user", "skip_if_absent": true}}]),
         json!({}),
     );
-    assert!(alone.apply(&Req::get("/")).unwrap().is_empty());
+    assert!(alone.apply(&get("/")).unwrap().is_empty());
     assert_eq!(
-        ids(&alone, &Req::get("/").header("x-user", "u")),
+        ids(&alone, &get("/").with_header("x-user", "u")),
         ["user=u"]
     );
 }
@@ -206,36 +189,36 @@ fn skip_if_absent_drops_only_its_entry() {
 #[test]
 fn remote_address_prefers_cf_connecting_ip_then_forwarded_for_then_the_peer() {
     let rules = one(json!([{"remote_address": {}}]), json!({}));
-    let both = Req::get("/")
-        .header("CF-Connecting-IP", " 203.0.113.9 ")
-        .header("X-Forwarded-For", "198.51.100.7, 10.0.0.1");
+    let both = get("/")
+        .with_header("CF-Connecting-IP", " 203.0.113.9 ")
+        .with_header("X-Forwarded-For", "198.51.100.7, 10.0.0.1");
     assert_eq!(ids(&rules, &both), ["remote_address=203.0.113.9"]);
     assert_eq!(client_address(&both), Some("203.0.113.9"));
 
-    let forwarded = Req::get("/").header("x-forwarded-for", "  198.51.100.7 , 10.0.0.1, 10.0.0.2");
+    let forwarded = get("/").with_header("x-forwarded-for", "  198.51.100.7 , 10.0.0.1, 10.0.0.2");
     assert_eq!(ids(&rules, &forwarded), ["remote_address=198.51.100.7"]);
 
     // An empty CF-Connecting-IP does not hide the next source.
-    let empty_cf = Req::get("/")
-        .header("cf-connecting-ip", "  ")
-        .header("x-forwarded-for", "198.51.100.8");
+    let empty_cf = get("/")
+        .with_header("cf-connecting-ip", "  ")
+        .with_header("x-forwarded-for", "198.51.100.8");
     assert_eq!(ids(&rules, &empty_cf), ["remote_address=198.51.100.8"]);
 
     // An empty first hop falls back to the peer.
-    let empty_hop = Req::get("/").header("x-forwarded-for", " , 10.0.0.1");
+    let empty_hop = get("/").with_header("x-forwarded-for", " , 10.0.0.1");
     assert_eq!(ids(&rules, &empty_hop), ["remote_address=192.0.2.1"]);
 
-    assert_eq!(ids(&rules, &Req::get("/")), ["remote_address=192.0.2.1"]);
-    let v6 = Req::get("/").peer(Some("2001:db8::1"));
+    assert_eq!(ids(&rules, &get("/")), ["remote_address=192.0.2.1"]);
+    let v6 = get("/").with_peer(Some("2001:db8::1"));
     assert_eq!(ids(&rules, &v6), ["remote_address=2001:db8::1"]);
 
     // No address at all: the rule does not apply.
-    let nowhere = Req::get("/").peer(None);
+    let nowhere = get("/").with_peer(None);
     assert_eq!(client_address(&nowhere), None);
     assert!(rules.apply(&nowhere).unwrap().is_empty());
     assert!(
         rules
-            .apply(&Req::get("/").peer(Some("")))
+            .apply(&get("/").with_peer(Some("")))
             .unwrap()
             .is_empty()
     );
@@ -251,7 +234,7 @@ fn generic_key_has_a_default_key() {
         ),
     ]);
     assert_eq!(
-        ids(&rules, &Req::get("/")),
+        ids(&rules, &get("/")),
         ["generic_key=everyone", "tier=free"]
     );
 }
@@ -273,7 +256,7 @@ fn header_value_match_makes_its_entry_only_as_expected() {
         ),
     ]);
     let bot = rules
-        .apply(&Req::get("/").header("user-agent", "bot/1.0"))
+        .apply(&get("/").with_header("user-agent", "bot/1.0"))
         .unwrap();
     assert_eq!(bot.len(), 1);
     assert_eq!(
@@ -282,7 +265,7 @@ fn header_value_match_makes_its_entry_only_as_expected() {
     );
 
     let human = rules
-        .apply(&Req::get("/").header("user-agent", "curl/8"))
+        .apply(&get("/").with_header("user-agent", "curl/8"))
         .unwrap();
     assert_eq!(human.len(), 1);
     assert_eq!(
@@ -291,7 +274,7 @@ fn header_value_match_makes_its_entry_only_as_expected() {
     );
 
     // No user agent at all: the prefix does not match, so the "not a bot" rule applies.
-    assert_eq!(ids(&rules, &Req::get("/")), ["kind=human"]);
+    assert_eq!(ids(&rules, &get("/")), ["kind=human"]);
 }
 
 #[test]
@@ -305,7 +288,7 @@ fn actions_are_joined_in_order() {
         json!({}),
     );
     assert_eq!(
-        ids(&rules, &Req::get("/").header("x-key", "k1")),
+        ids(&rules, &get("/").with_header("x-key", "k1")),
         ["generic_key=g&remote_address=192.0.2.1&key=k1"]
     );
 }
@@ -318,9 +301,9 @@ fn methods_match_whatever_case_the_config_uses() {
         json!([generic("m")]),
         json!({"match": {"methods": ["get", "Post"]}}),
     );
-    assert_eq!(ids(&rules, &Req::get("/")).len(), 1);
-    assert_eq!(ids(&rules, &Req::get("/").method("POST")).len(), 1);
-    assert!(ids(&rules, &Req::get("/").method("DELETE")).is_empty());
+    assert_eq!(ids(&rules, &get("/")).len(), 1);
+    assert_eq!(ids(&rules, &get("/").with_method("POST")).len(), 1);
+    assert!(ids(&rules, &get("/").with_method("DELETE")).is_empty());
     assert_eq!(rules.rules()[0].matcher.methods, ["GET", "POST"]);
 }
 
@@ -330,11 +313,11 @@ fn hosts_match_whatever_the_case() {
         json!([generic("h")]),
         json!({"match": {"hosts": ["API.Example.com", "other.example"]}}),
     );
-    assert_eq!(ids(&rules, &Req::get("/")).len(), 1);
-    assert_eq!(ids(&rules, &Req::get("/").host("API.EXAMPLE.COM")).len(), 1);
-    assert_eq!(ids(&rules, &Req::get("/").host("other.example")).len(), 1);
-    assert!(ids(&rules, &Req::get("/").host("www.example.com")).is_empty());
-    assert!(ids(&rules, &Req::get("/").host("api.example.com.evil")).is_empty());
+    assert_eq!(ids(&rules, &get("/")).len(), 1);
+    assert_eq!(ids(&rules, &get("/").with_host("API.EXAMPLE.COM")).len(), 1);
+    assert_eq!(ids(&rules, &get("/").with_host("other.example")).len(), 1);
+    assert!(ids(&rules, &get("/").with_host("www.example.com")).is_empty());
+    assert!(ids(&rules, &get("/").with_host("api.example.com.evil")).is_empty());
 }
 
 #[test]
@@ -343,11 +326,11 @@ fn path_prefix_matches_the_start_of_the_path() {
         json!([generic("p")]),
         json!({"match": {"path_prefix": "/v1/"}}),
     );
-    assert_eq!(ids(&rules, &Req::get("/v1/users")).len(), 1);
-    assert_eq!(ids(&rules, &Req::get("/v1/")).len(), 1);
-    assert!(ids(&rules, &Req::get("/v1")).is_empty());
-    assert!(ids(&rules, &Req::get("/v2/users")).is_empty());
-    assert!(ids(&rules, &Req::get("/api/v1/")).is_empty());
+    assert_eq!(ids(&rules, &get("/v1/users")).len(), 1);
+    assert_eq!(ids(&rules, &get("/v1/")).len(), 1);
+    assert!(ids(&rules, &get("/v1")).is_empty());
+    assert!(ids(&rules, &get("/v2/users")).is_empty());
+    assert!(ids(&rules, &get("/api/v1/")).is_empty());
 }
 
 #[test]
@@ -359,8 +342,8 @@ fn header_matchers_exact_prefix_present_and_inverted() {
         )
     };
     let applies = |rules: &RuleSet, req: &Req| !rules.apply(req).unwrap().is_empty();
-    let plain = Req::get("/");
-    let with = |v: &str| Req::get("/").header("x-tier", v);
+    let plain = get("/");
+    let with = |v: &str| get("/").with_header("x-tier", v);
 
     let exact = only(json!({"name": "X-Tier", "exact_match": "gold"}));
     assert!(applies(&exact, &with("gold")));
@@ -405,13 +388,19 @@ fn every_condition_must_hold_and_rules_apply_in_order() {
         ),
         rule(json!([generic("all")]), json!({"name": "all"})),
     ]);
-    let full = Req::get("/v1/x").method("POST").header("x-tier", "free");
+    let full = get("/v1/x")
+        .with_method("POST")
+        .with_header("x-tier", "free");
     let applied = rules.apply(&full).unwrap();
     assert_eq!(applied.iter().map(|a| a.rule).collect::<Vec<_>>(), [0, 1]);
     for partial in [
-        Req::get("/v1/x").header("x-tier", "free"),
-        Req::get("/v2/x").method("POST").header("x-tier", "free"),
-        Req::get("/v1/x").method("POST").header("x-tier", "paid"),
+        get("/v1/x").with_header("x-tier", "free"),
+        get("/v2/x")
+            .with_method("POST")
+            .with_header("x-tier", "free"),
+        get("/v1/x")
+            .with_method("POST")
+            .with_header("x-tier", "paid"),
     ] {
         let applied = rules.apply(&partial).unwrap();
         assert_eq!(
@@ -433,18 +422,20 @@ fn separators_are_percent_encoded_in_keys_and_values() {
         json!([header_action("x-a", "k&=%"), header_action("x-b", "b")]),
         json!({}),
     );
-    let req = Req::get("/")
-        .header("x-a", "x=1&b=y%2")
-        .header("x-b", "%26");
+    let req = get("/")
+        .with_header("x-a", "x=1&b=y%2")
+        .with_header("x-b", "%26");
     assert_eq!(ids(&rules, &req), ["k%26%3D%25=x%3D1%26b%3Dy%252&b=%2526"]);
 
     // A value that spells a second entry does not pass for one.
-    let forged = Req::get("/").header("x-a", "1&b=2").header("x-b", "3");
-    let honest = Req::get("/").header("x-a", "1").header("x-b", "2&b=3");
+    let forged = get("/").with_header("x-a", "1&b=2").with_header("x-b", "3");
+    let honest = get("/").with_header("x-a", "1").with_header("x-b", "2&b=3");
     assert_ne!(ids(&rules, &forged), ids(&rules, &honest));
 
     // Other characters are kept as they are.
-    let plain = Req::get("/").header("x-a", "é:/ ?#+").header("x-b", "\"");
+    let plain = get("/")
+        .with_header("x-a", "é:/ ?#+")
+        .with_header("x-b", "\"");
     assert_eq!(ids(&rules, &plain), ["k%26%3D%25=é:/ ?#+&b=\""]);
 }
 
@@ -457,10 +448,10 @@ fn a_descriptor_longer_than_255_bytes_is_a_request_error() {
     // "user=" is 5 bytes: 250 more is exactly the bound.
     let fits = "u".repeat(250);
     assert_eq!(
-        ids(&rules, &Req::get("/").header("x-user", &fits)),
+        ids(&rules, &get("/").with_header("x-user", &fits)),
         [format!("user={fits}")]
     );
-    let long = Req::get("/").header("x-user", &"u".repeat(251));
+    let long = get("/").with_header("x-user", &"u".repeat(251));
     let e: RequestError = rules.apply(&long).unwrap_err();
     assert_eq!(e.rule, "users");
     assert!(
@@ -469,7 +460,7 @@ fn a_descriptor_longer_than_255_bytes_is_a_request_error() {
     );
 
     // The bound is on the encoded bytes: 84 `%` are 252 bytes once encoded.
-    let encoded = Req::get("/").header("x-user", &"%".repeat(84));
+    let encoded = get("/").with_header("x-user", &"%".repeat(84));
     assert!(rules.apply(&encoded).is_err());
 
     // The gate refuses it too, naming the rule.
@@ -526,30 +517,30 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
     let cost =
         |rules: &RuleSet, req: &Req| -> Result<u64, RequestError> { Ok(rules.apply(req)?[0].cost) };
     let default = one(json!([generic("c")]), json!({}));
-    assert_eq!(cost(&default, &Req::get("/")), Ok(1));
+    assert_eq!(cost(&default, &get("/")), Ok(1));
     let constant = one(json!([generic("c")]), json!({"cost": 3}));
-    assert_eq!(cost(&constant, &Req::get("/")), Ok(3));
+    assert_eq!(cost(&constant, &get("/")), Ok(3));
 
     let header = one(
         json!([generic("c")]),
         json!({"name": "tokens", "cost": {"header": "X-Cost", "max": 10}}),
     );
-    assert_eq!(cost(&header, &Req::get("/")), Ok(1), "absent: default 1");
-    assert_eq!(cost(&header, &Req::get("/").header("x-cost", "7")), Ok(7));
+    assert_eq!(cost(&header, &get("/")), Ok(1), "absent: default 1");
+    assert_eq!(cost(&header, &get("/").with_header("x-cost", "7")), Ok(7));
     assert_eq!(
-        cost(&header, &Req::get("/").header("x-cost", " 10 ")),
+        cost(&header, &get("/").with_header("x-cost", " 10 ")),
         Ok(10)
     );
-    assert_eq!(cost(&header, &Req::get("/").header("x-cost", "0")), Ok(0));
+    assert_eq!(cost(&header, &get("/").with_header("x-cost", "0")), Ok(0));
 
-    let above = cost(&header, &Req::get("/").header("x-cost", "11")).unwrap_err();
+    let above = cost(&header, &get("/").with_header("x-cost", "11")).unwrap_err();
     assert_eq!(above.rule, "tokens");
     assert!(
         above.message.contains("11") && above.message.contains("10"),
         "{above}"
     );
     for junk in ["abc", "-1", "1.5", "", "18446744073709551616"] {
-        let e = cost(&header, &Req::get("/").header("x-cost", junk)).unwrap_err();
+        let e = cost(&header, &get("/").with_header("x-cost", junk)).unwrap_err();
         assert_eq!(e.rule, "tokens", "{junk:?}");
         assert!(e.message.contains("x-cost"), "{e}");
     }
@@ -558,7 +549,7 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
         json!([generic("c")]),
         json!({"cost": {"header": "x-cost", "default": 4, "max": 10}}),
     );
-    assert_eq!(cost(&with_default, &Req::get("/")), Ok(4));
+    assert_eq!(cost(&with_default, &get("/")), Ok(4));
 
     // Through the gate: a client error, nothing begun.
     let g = gate(
@@ -570,7 +561,7 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
     );
     let mut t = table();
     let e = g
-        .start(&mut t, &Req::get("/").header("x-cost", "99"), T0)
+        .start(&mut t, &get("/").with_header("x-cost", "99"), T0)
         .unwrap_err();
     assert_eq!(e.rule, "tokens");
     assert!(t.is_empty());
@@ -902,7 +893,7 @@ fn a_request_no_rule_applies_to_passes_without_headers() {
         "",
     );
     let mut t = table();
-    let pending = g.start(&mut t, &Req::get("/health"), T0).unwrap();
+    let pending = g.start(&mut t, &get("/health"), T0).unwrap();
     assert!(pending.is_done() && pending.subjects().is_empty());
     let reply = pending.reply(g.options(), T0);
     assert!(reply.allowed);
@@ -928,7 +919,7 @@ fn a_cold_request_calls_the_origin_once_per_group() {
         "",
     );
     let mut t = table();
-    let pending = g.start(&mut t, &Req::get("/"), T0).unwrap();
+    let pending = g.start(&mut t, &get("/"), T0).unwrap();
     let calls: Vec<(usize, usize)> = pending
         .calls()
         .map(|(g, c)| (g, c.limits().len()))
@@ -953,12 +944,12 @@ fn legacy_headers_only_when_configured() {
     for legacy in [false, true] {
         let g = gate(&rules, &json!({ "legacy_headers": legacy }).to_string());
         let mut t = table();
-        let (_, pass) = run(&g, &mut t, &Req::get("/"), T0);
+        let (_, pass) = run(&g, &mut t, &get("/"), T0);
         assert!(pass.allowed);
         assert_eq!(header(&pass, "ratelimit-policy"), Some("\"api\";q=1;w=60"));
         assert_eq!(header(&pass, "ratelimit"), Some("\"api\";r=0;t=60"));
         assert_eq!(header(&pass, "retry-after"), None);
-        let (_, deny) = run(&g, &mut t, &Req::get("/"), T0 + 1);
+        let (_, deny) = run(&g, &mut t, &get("/"), T0 + 1);
         assert!(!deny.allowed);
         for reply in [&pass, &deny] {
             for name in [
@@ -988,10 +979,10 @@ fn headers_on_pass_off_leaves_passes_bare_but_not_denials() {
         r#"{"headers_on_pass": false}"#,
     );
     let mut t = table();
-    let (_, pass) = run(&g, &mut t, &Req::get("/"), T0);
+    let (_, pass) = run(&g, &mut t, &get("/"), T0);
     assert!(pass.allowed);
     assert!(pass.headers.is_empty(), "{:?}", pass.headers);
-    let (_, deny) = run(&g, &mut t, &Req::get("/"), T0 + 1);
+    let (_, deny) = run(&g, &mut t, &get("/"), T0 + 1);
     assert!(!deny.allowed);
     assert!(header(&deny, "ratelimit").is_some());
     assert!(header(&deny, "retry-after").is_some());
@@ -1002,7 +993,7 @@ fn debug_says_when_the_origin_was_unreachable() {
     let rules = [rule(json!([generic("x")]), json!({}))];
     for debug in [false, true] {
         let g = gate(&rules, &json!({ "debug": debug }).to_string());
-        let (pending, reply) = run(&g, &mut table(), &Req::get("/"), T0);
+        let (pending, reply) = run(&g, &mut table(), &get("/"), T0);
         assert!(pending.origin_failed);
         assert_eq!(
             header(&reply, "strata-origin") == Some("unavailable"),
@@ -1016,7 +1007,7 @@ fn failure_modes_allow_and_deny() {
     let g = gate(&[rule(json!([generic("x")]), json!({}))], "");
     for (mode, allowed) in [(FailureMode::Allow, true), (FailureMode::Deny, false)] {
         let mut t = table();
-        let mut pending = g.start(&mut t, &Req::get("/"), T0).unwrap();
+        let mut pending = g.start(&mut t, &get("/"), T0).unwrap();
         pending.fail(&mut t, ENFORCED, mode, T0);
         assert!(pending.is_done());
         let reply = pending.reply(g.options(), T0);
@@ -1083,7 +1074,7 @@ fn a_shadow_rule_may_not_share_an_enforced_rules_counters() {
     );
     let mut t = table();
     let replies: Vec<Reply> = (0..10)
-        .map(|i| run(&g, &mut t, &Req::get("/"), T0 + i).1)
+        .map(|i| run(&g, &mut t, &get("/"), T0 + i).1)
         .collect();
     assert_eq!(replies.iter().filter(|r| r.allowed).count(), 4);
     assert_eq!(
@@ -1099,38 +1090,9 @@ fn a_shadow_rule_may_not_share_an_enforced_rules_counters() {
 
 /// Field names of the rule JSON, and a few others.
 fn field() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec![
-        "rules",
-        "name",
-        "namespace",
-        "limit",
-        "duration",
-        "cost",
-        "shadow",
-        "match",
-        "actions",
-        "methods",
-        "hosts",
-        "path_prefix",
-        "headers",
-        "exact_match",
-        "prefix_match",
-        "present_match",
-        "invert_match",
-        "request_headers",
-        "header_name",
-        "descriptor_key",
-        "skip_if_absent",
-        "remote_address",
-        "generic_key",
-        "descriptor_value",
-        "header_value_match",
-        "expect_match",
-        "header",
-        "default",
-        "max",
-        "x",
-    ])
+    let mut names = support::RULE_FIELDS.to_vec();
+    names.push("x");
+    prop::sample::select(names)
 }
 
 /// JSON values shaped like rules: their field names, plausible and edge values, nesting.
@@ -1319,8 +1281,8 @@ proptest! {
             }
         };
         let rules = one(json!([header_action("x-a", "a"), header_action("x-b", "b")]), json!({}));
-        let first = ids(&rules, &Req::get("/").header("x-a", &a).header("x-b", &b));
-        let second = ids(&rules, &Req::get("/").header("x-a", &c).header("x-b", &d));
+        let first = ids(&rules, &get("/").with_header("x-a", &a).with_header("x-b", &b));
+        let second = ids(&rules, &get("/").with_header("x-a", &c).with_header("x-b", &d));
         prop_assert_eq!(first.len(), 1);
         prop_assert_eq!(second.len(), 1);
         prop_assert_eq!(first == second, (&a, &b) == (&c, &d), "{:?} {:?}", first, second);
@@ -1367,7 +1329,7 @@ proptest! {
         let mut denials = 0_u64;
         for (client, dt) in requests {
             now += dt;
-            let req = Req::get("/").header("cf-connecting-ip", &format!("203.0.113.{client}"));
+            let req = get("/").with_header("cf-connecting-ip", &format!("203.0.113.{client}"));
             let (pending, reply) = run(&g, &mut t, &req, now);
             prop_assert!(reply.allowed && pending.allowed());
             prop_assert_eq!(reply.status, 200);
@@ -1415,7 +1377,7 @@ proptest! {
         let mut allowed = 0;
         for dt in gaps {
             now += dt;
-            let (_, reply) = run(&g, &mut t, &Req::get("/"), now);
+            let (_, reply) = run(&g, &mut t, &get("/"), now);
             // Passes first, then only denials: nothing is counted by a denied request.
             prop_assert_eq!(reply.allowed, allowed < a.min(b), "request after {} passes", allowed);
             prop_assert!(reply.shadow_denied.is_empty());

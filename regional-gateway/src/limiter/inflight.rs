@@ -50,10 +50,9 @@ impl Default for InFlight {
 
 impl InFlight {
     fn shard(&self, hash: u64) -> MutexGuard<'_, Calls> {
-        // A power-of-two count: the low bits pick the shard (truncation is the point).
+        // The low bits pick the shard (truncation is the point).
         #[allow(clippy::cast_possible_truncation)]
-        let i = hash as usize & (SHARDS - 1);
-        let shard = &self.shards[i % self.shards.len()];
+        let shard = &self.shards[hash as usize % self.shards.len()];
         // The map is consistent after every operation: a poisoned lock is still usable.
         shard.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -284,7 +284,13 @@ pub fn cell_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
 
 /// The Redis key of one cell's live leases (same hash tag).
 pub fn lease_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
-    let mut k = cell_key(key, sequence);
+    leases_of(&cell_key(key, sequence))
+}
+
+/// The lease key beside the cell key `cell`.
+fn leases_of(cell: &str) -> String {
+    let mut k = String::with_capacity(cell.len() + 2);
+    k.push_str(cell);
     k.push_str(":l");
     k
 }
@@ -549,9 +555,7 @@ impl RedisOrigin {
             .arg(strata_core::lease::reserved_until(0, lease_ms));
         for c in cells {
             let cell = cell_key(c.key, c.sequence);
-            let mut leases = String::with_capacity(cell.len() + 2);
-            leases.push_str(&cell);
-            leases.push_str(":l");
+            let leases = leases_of(&cell);
             invocation
                 .key(cell)
                 .key(leases)

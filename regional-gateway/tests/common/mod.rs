@@ -181,6 +181,13 @@ pub async fn metrics(http: &reqwest::Client, base: &str) -> String {
         .unwrap()
 }
 
+/// POSTs `body` as JSON to `url` (a running gateway); asserts a 200 and returns the answer.
+pub async fn post_json(http: &reqwest::Client, url: String, body: &Value) -> Value {
+    let r = http.post(url).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
 /// The sum of the values of the metric lines `select` picks.
 pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
     text.lines()

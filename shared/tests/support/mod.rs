@@ -37,3 +37,36 @@ pub fn warm(table: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: 
     };
     assert!(table.finish(&call, &[answer], now_ms).unwrap().success);
 }
+
+/// The rule model's field names (rules, matches, actions, header matchers, costs).
+pub const RULE_FIELDS: &[&str] = &[
+    "rules",
+    "name",
+    "namespace",
+    "limit",
+    "duration",
+    "cost",
+    "shadow",
+    "match",
+    "actions",
+    "methods",
+    "hosts",
+    "path_prefix",
+    "headers",
+    "request_headers",
+    "header_name",
+    "descriptor_key",
+    "skip_if_absent",
+    "remote_address",
+    "generic_key",
+    "descriptor_value",
+    "header_value_match",
+    "expect_match",
+    "exact_match",
+    "prefix_match",
+    "present_match",
+    "invert_match",
+    "header",
+    "default",
+    "max",
+];

@@ -75,6 +75,39 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    /// Checks a 20x burst on `e2e`/`key=burst` (limit 100) from outside: within 5% of the
+    /// limit, every admitted request reached the upstream, and the gateway counted each once.
+    pub async fn assert_burst_counted(&self, admitted: u64) {
+        assert!(admitted <= 105, "admitted {admitted} > 1.05x the limit");
+        assert!(
+            admitted >= 95,
+            "admitted only {admitted}: the edge denies what it should pass"
+        );
+        assert_eq!(self.upstream.hits(), admitted);
+        assert_eq!(
+            self.settles_at("e2e", "key=burst", admitted).await,
+            admitted,
+            "counted once each"
+        );
+    }
+
+    /// The sum of the gateway's `/metrics` samples whose line starts with `prefix`.
+    pub async fn gateway_metric(&self, prefix: &str) -> u64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.gateway()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
 }
 
 pub async fn get(

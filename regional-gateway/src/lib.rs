@@ -5,7 +5,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`config`] | flags, environment, TOML file; validation |
-//! | [`api`] | routes, the JSON body extractor, handlers |
+//! | [`api`] | routes, the JSON body extractor, handlers, the OpenAPI description |
 //! | [`auth`] | bearer tokens → workspaces |
 //! | [`limiter`] | the decision flow over the core's request path, and replay |
 //! | [`local`] | the core's table, sharded behind mutexes |

@@ -12,6 +12,7 @@ use crate::window::WindowDuration;
 /// regions published (imported from the global table). Only `regional` is ever published.
 /// It is also the `{"regional","global"}` object of the wire format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Counts {
     /// This region's count.
     pub regional: u64,

@@ -4,7 +4,7 @@
 
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BATCH, MAX_COUNT,
-    MAX_MULTI_LIMITS, MultiRequest, RatelimitRequest, RatelimitResponse, ReadRequest,
+    MAX_MULTI_LIMITS, MAX_SEQUENCE, MultiRequest, RatelimitRequest, RatelimitResponse, ReadRequest,
     ReplayRequest,
 };
 use strata_core::{Counts, Decision};
@@ -165,7 +165,7 @@ fn errors_in_a_batch_name_their_index() {
     );
     assert_eq!(
         replay.validate("ws").unwrap_err().message,
-        "events[1].sequence: is out of range"
+        format!("events[1].sequence: must be at most {MAX_SEQUENCE}, got 18446744073709551615")
     );
 }
 
@@ -280,7 +280,7 @@ fn decide_requires_a_plain_instance_id_and_reads_the_lease_fields() {
     );
     assert_eq!(
         far.validate("ws").unwrap_err().message,
-        "limits[0].sequence: is out of range"
+        format!("limits[0].sequence: must be at most {MAX_SEQUENCE}, got 18446744073709551615")
     );
     let missing = serde_json::from_str::<DecideRequest>(&format!(r#"{{"limits":[{limit}]}}"#))
         .unwrap_err()
@@ -401,4 +401,57 @@ fn origin_requests_have_the_contract_shape() {
         serde_json::from_str::<ReplayRequest>(&json).unwrap(),
         replay
     );
+}
+
+#[test]
+fn integers_may_be_written_as_integral_floats_and_nothing_looser() {
+    // JSON Schema's integer: `1000.0` is 1000. A fraction, a sign or an inexact float is not.
+    let r: RatelimitRequest =
+        parse(r#"{"namespace":"n","identifier":"a","limit":5.0,"duration":1000.0,"cost":2e0}"#);
+    assert_eq!((r.limit, r.duration, r.cost), (5, 1_000, 2));
+    let d: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"sequence":7.0,"want":3.0}]}"#,
+    );
+    assert_eq!((d.limits[0].sequence, d.limits[0].want), (Some(7), 3));
+    let null: DecideRequest = parse(
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,"sequence":null}]}"#,
+    );
+    assert_eq!(null.limits[0].sequence, None);
+    for bad in [
+        "1.5",
+        "-1",
+        "-1.0",
+        "9007199254740994.0",
+        "1e300",
+        "\"5\"",
+        "true",
+    ] {
+        let json = format!(r#"{{"namespace":"n","identifier":"a","limit":{bad},"duration":1000}}"#);
+        let err = serde_json::from_str::<RatelimitRequest>(&json).unwrap_err();
+        assert!(
+            err.to_string().contains("expected a non-negative integer"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_sequence_past_the_longest_windows_range_is_refused() {
+    let at = |sequence: u64| {
+        parse::<ReadRequest>(&format!(
+            r#"{{"cells":[{{"namespace":"n","identifier":"a","duration":1000,"sequence":{sequence}}}]}}"#
+        ))
+    };
+    assert!(at(MAX_SEQUENCE).validate("ws").is_ok());
+    let err = at(MAX_SEQUENCE + 1).validate("ws").unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidRequest);
+    assert!(
+        err.message
+            .starts_with("cells[0].sequence: must be at most"),
+        "{}",
+        err.message
+    );
+    // The window after the last allowed one still starts within u64 milliseconds.
+    let longest = strata_core::window::MAX_DURATION_MS;
+    assert!((MAX_SEQUENCE + 2).checked_mul(longest).is_some());
 }

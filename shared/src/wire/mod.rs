@@ -11,6 +11,8 @@ use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
+mod integer;
+
 use crate::decision::{Counts, Decision};
 use crate::identity::{IdentityError, WindowKeyRef};
 use crate::table::LimitRequest;
@@ -26,6 +28,9 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 pub const MAX_INSTANCE_BYTES: usize = 64;
 /// Largest limit, cost or count: the largest integer a JavaScript number holds exactly.
 pub const MAX_COUNT: u64 = (1 << 53) - 1;
+/// Largest window sequence: the next window of the longest duration still starts within `u64`
+/// milliseconds (past the year 2195 for one-second windows: no real clock's).
+pub const MAX_SEQUENCE: u64 = u64::MAX / crate::window::MAX_DURATION_MS - 2;
 
 /// The error codes of the API, each with its HTTP status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +123,7 @@ impl std::error::Error for WireError {}
 
 /// `{"error":{"code","message"}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
@@ -125,6 +131,7 @@ pub struct ErrorBody {
 
 /// The inside of [`ErrorBody`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// Machine-readable code.
     pub code: String,
@@ -138,22 +145,38 @@ const fn one() -> u64 {
 
 /// `POST /v1/ratelimit` body, and one limit of the multi and decide endpoints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RatelimitRequest {
-    /// Group of limits.
+    /// Group of limits: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub namespace: String,
-    /// Subject being limited.
+    /// Subject being limited: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub identifier: String,
     /// Allowed cost per window.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub limit: u64,
-    /// Window length in milliseconds.
+    /// Window length in milliseconds, 1 s to 30 days.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1_000_u64, maximum = 2_592_000_000_u64)
+    )]
+    #[serde(deserialize_with = "integer::integer")]
     pub duration: u64,
     /// Cost of this request (default 1; 0 only checks).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(maximum = 9_007_199_254_740_991_u64, default = 1)
+    )]
     #[serde(default = "one")]
+    #[serde(deserialize_with = "integer::integer")]
     pub cost: u64,
 }
 
 /// `POST /v1/ratelimit` answer, and one result of the multi endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RatelimitResponse {
     /// Whether the request may proceed.
     pub success: bool,
@@ -178,13 +201,16 @@ impl From<&Decision> for RatelimitResponse {
 
 /// `POST /v1/ratelimit/multi` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MultiRequest {
     /// The limits, decided all or nothing.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 32))]
     pub limits: Vec<RatelimitRequest>,
 }
 
 /// `POST /v1/ratelimit/multi` answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MultiResponse {
     /// True only if every limit passed (and then all were counted).
     pub success: bool,
@@ -194,26 +220,39 @@ pub struct MultiResponse {
 
 /// One cell of an origin read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CellRequest {
-    /// Group of limits.
+    /// Group of limits: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub namespace: String,
-    /// Subject being limited.
+    /// Subject being limited: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub identifier: String,
-    /// Window length in milliseconds.
+    /// Window length in milliseconds, 1 s to 30 days.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1_000_u64, maximum = 2_592_000_000_u64)
+    )]
+    #[serde(deserialize_with = "integer::integer")]
     pub duration: u64,
     /// The window's sequence.
+    #[cfg_attr(feature = "openapi", schema(maximum = 7_116_799_409_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub sequence: u64,
 }
 
 /// `POST /v1/origin/read` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReadRequest {
     /// Cells to read.
+    #[cfg_attr(feature = "openapi", schema(max_items = 1000))]
     pub cells: Vec<CellRequest>,
 }
 
 /// `POST /v1/origin/read` and `/v1/origin/replay` answer: counts in request order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CellsResponse {
     /// One entry per requested cell or event.
     pub cells: Vec<Counts>,
@@ -221,93 +260,148 @@ pub struct CellsResponse {
 
 /// A process's own cumulative count of one cell, replayed to the origin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplayEvent {
-    /// Group of limits.
+    /// Group of limits: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub namespace: String,
-    /// Subject being limited.
+    /// Subject being limited: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub identifier: String,
-    /// Window length in milliseconds.
+    /// Window length in milliseconds, 1 s to 30 days.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1_000_u64, maximum = 2_592_000_000_u64)
+    )]
+    #[serde(deserialize_with = "integer::integer")]
     pub duration: u64,
     /// The window's sequence.
+    #[cfg_attr(feature = "openapi", schema(maximum = 7_116_799_409_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub sequence: u64,
     /// Everything the process admitted in the cell so far (not a delta): the origin keeps
     /// the largest value per process, so a repeated or late replay counts once.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub used: u64,
     /// The limit it was admitted under (the origin's publish floor follows it).
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub limit: u64,
     /// The id of a lease the process gives back on the cell (default 0: none); it stopped
     /// using it before sending this. Dropped only if no newer lease replaced it.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
     pub release: u64,
     /// The largest `used` the origin has acknowledged for the cell (default 0: unknown). An
     /// origin whose own record agrees adds the difference without reading first; any other
     /// value only costs it that read.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
     pub acked: u64,
 }
 
 /// `POST /v1/origin/replay` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplayRequest {
     /// The replaying process's random id: own counts are kept per process.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_-]+$")
+    )]
     pub instance: String,
     /// One event per cell (for a cell named twice, the larger value counts).
+    #[cfg_attr(feature = "openapi", schema(max_items = 1000))]
     pub events: Vec<ReplayEvent>,
 }
 
 /// One limit of a `POST /v1/origin/decide` request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecideLimitRequest {
-    /// Group of limits.
+    /// Group of limits: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub namespace: String,
-    /// Subject being limited.
+    /// Subject being limited: 1 to 255 bytes of UTF-8.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 255))]
     pub identifier: String,
     /// Allowed cost per window.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(deserialize_with = "integer::integer")]
     pub limit: u64,
-    /// Window length in milliseconds.
+    /// Window length in milliseconds, 1 s to 30 days.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1_000_u64, maximum = 2_592_000_000_u64)
+    )]
+    #[serde(deserialize_with = "integer::integer")]
     pub duration: u64,
     /// Cost of this request (default 1).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(maximum = 9_007_199_254_740_991_u64, default = 1)
+    )]
     #[serde(default = "one")]
+    #[serde(deserialize_with = "integer::integer")]
     pub cost: u64,
     /// The caller's current sequence for this window (default: the origin's), which `used`
     /// and `used_previous` refer to.
+    #[cfg_attr(feature = "openapi", schema(maximum = 7_116_799_409_u64))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "integer::optional_integer")]
     pub sequence: Option<u64>,
     /// The caller's own cumulative count in its current cell (default 0): merged with `max`,
     /// so local passes no replay delivered yet count, once.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
     #[serde(default)]
+    #[serde(deserialize_with = "integer::integer")]
     pub used: u64,
     /// The same for its previous cell.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
     #[serde(default)]
+    #[serde(deserialize_with = "integer::integer")]
     pub used_previous: u64,
     /// The lease the caller asks for beyond `cost` (default 0: decide this request only).
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
     #[serde(default)]
+    #[serde(deserialize_with = "integer::integer")]
     pub want: u64,
     /// The id of an expired lease the caller gives back (default 0: none): the origin drops
     /// it, once `used` is merged and if no newer lease replaced it, before deciding.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
     pub release: u64,
     /// This call's id for the cell (default 0: none), growing per caller: the origin keeps the
     /// last it counted, so a later call can ask it to undo that.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
     pub call: u64,
     /// Undo what the caller's calls from this id on counted (default 0: nothing): their answers
     /// never arrived, and the caller decided those requests itself.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
     pub undo_from: u64,
 }
 
 /// `POST /v1/origin/decide` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecideRequest {
     /// The caller's random instance id: own counts and leases are kept per instance.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_-]+$")
+    )]
     pub instance: String,
     /// The limits, decided all or nothing at the origin.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 32))]
     pub limits: Vec<DecideLimitRequest>,
 }
 
 /// One limit of a `POST /v1/origin/decide` answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecideResult {
     /// This limit's own verdict (it was counted only if the whole request passed).
     pub success: bool,
@@ -337,6 +431,7 @@ pub struct DecideResult {
 
 /// `POST /v1/origin/decide` answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecideResponse {
     /// True only if every limit passed (and then all were counted).
     pub success: bool,
@@ -424,12 +519,11 @@ fn count(path: &str, field: &str, value: u64) -> Result<u64, WireError> {
     Ok(value)
 }
 
-fn sequence(path: &str, key: &WindowKeyRef<'_>, sequence: u64) -> Result<u64, WireError> {
-    // A sequence whose window would start past the end of u64 milliseconds is no real clock.
-    if sequence > u64::MAX / key.duration().as_ms() - 2 {
+fn sequence(path: &str, sequence: u64) -> Result<u64, WireError> {
+    if sequence > MAX_SEQUENCE {
         return Err(WireError::invalid(
             &format!("{path}sequence"),
-            "is out of range",
+            format_args!("must be at most {MAX_SEQUENCE}, got {sequence}"),
         ));
     }
     Ok(sequence)
@@ -560,7 +654,7 @@ impl DecideRequest {
                         limit: count(&path, "limit", l.limit)?,
                         cost: count(&path, "cost", l.cost)?,
                     },
-                    sequence: l.sequence.map(|s| sequence(&path, &key, s)).transpose()?,
+                    sequence: l.sequence.map(|s| sequence(&path, s)).transpose()?,
                     used: [
                         count(&path, "used", l.used)?,
                         count(&path, "used_previous", l.used_previous)?,
@@ -585,7 +679,7 @@ impl ReadRequest {
             .map(|(i, c)| {
                 let path = format!("cells[{i}].");
                 let key = key(&path, workspace, &c.namespace, &c.identifier, c.duration)?;
-                let sequence = sequence(&path, &key, c.sequence)?;
+                let sequence = sequence(&path, c.sequence)?;
                 Ok(CellRef { key, sequence })
             })
             .collect()
@@ -606,7 +700,7 @@ impl ReplayRequest {
                 Ok(ReplayRef {
                     cell: CellRef {
                         key,
-                        sequence: sequence(&path, &key, e.sequence)?,
+                        sequence: sequence(&path, e.sequence)?,
                     },
                     used: count(&path, "used", e.used)?,
                     limit: count(&path, "limit", e.limit)?,

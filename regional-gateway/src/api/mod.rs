@@ -1,6 +1,8 @@
 //! The HTTP API v1: routes, authorization and the JSON body (our error shape for every
 //! malformed or oversized body), and thin handlers that validate, call the limiter or
-//! the origin, and answer.
+//! the origin, and answer. Each handler carries its OpenAPI description ([`openapi`]).
+
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -10,8 +12,8 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use strata_core::Decision;
 use strata_core::headers::{HeaderLimit, header_values};
 use strata_core::wire::{
@@ -35,6 +37,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::serve))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(gateway)
@@ -109,6 +112,22 @@ fn put_limit_headers(
     }
 }
 
+/// Decides one request against one limit, from local memory when it can.
+///
+/// A denial is also a 200, with `"success": false`.
+#[utoipa::path(post, path = "/v1/ratelimit", tag = "decisions", request_body = RatelimitRequest,
+    responses(
+        (status = 200, description = "The decision", body = RatelimitResponse, headers(
+            ("RateLimit-Policy" = String, description = "Each limit: `\"namespace\";q=<limit>;w=<window seconds>`"),
+            ("RateLimit" = String, description = "Each limit: `\"namespace\";r=<remaining>;t=<seconds until reset, or retry-after when denied>`"),
+            ("X-RateLimit-Limit" = String, description = "The most constraining limit"),
+            ("X-RateLimit-Remaining" = String, description = "What is left of it"),
+            ("X-RateLimit-Reset" = String, description = "Unix seconds at which its window ends"),
+            ("Retry-After" = String, description = "Seconds to wait, when denied and a later request can pass"),
+        )),
+        openapi::Rejected,
+    ),
+)]
 async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
     let (workspace, req): (&str, RatelimitRequest) = authorized(&gw, req).await?;
     let limit = req.validate(workspace)?;
@@ -123,6 +142,21 @@ async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respo
     Ok(response)
 }
 
+/// Decides one request against several limits, all or nothing: it is counted against every
+/// limit only if every limit passes.
+#[utoipa::path(post, path = "/v1/ratelimit/multi", tag = "decisions", request_body = MultiRequest,
+    responses(
+        (status = 200, description = "The decisions, in request order", body = MultiResponse, headers(
+            ("RateLimit-Policy" = String, description = "Each limit: `\"namespace\";q=<limit>;w=<window seconds>`"),
+            ("RateLimit" = String, description = "Each limit: `\"namespace\";r=<remaining>;t=<seconds until reset, or retry-after when denied>`"),
+            ("X-RateLimit-Limit" = String, description = "The most constraining limit"),
+            ("X-RateLimit-Remaining" = String, description = "What is left of it"),
+            ("X-RateLimit-Reset" = String, description = "Unix seconds at which its window ends"),
+            ("Retry-After" = String, description = "Seconds to wait, when denied and a later request can pass"),
+        )),
+        openapi::Rejected,
+    ),
+)]
 async fn ratelimit_multi(
     State(gw): State<Arc<Gateway>>,
     req: Request,
@@ -149,6 +183,14 @@ async fn ratelimit_multi(
     Ok(response)
 }
 
+/// The origin's counts of cells, for an edge's cold or stale cells.
+#[utoipa::path(post, path = "/v1/origin/read", tag = "origin", request_body = ReadRequest,
+    responses(
+        (status = 200, description = "Counts in request order", body = CellsResponse),
+        openapi::Rejected,
+        openapi::Unavailable,
+    ),
+)]
 async fn origin_read(
     State(gw): State<Arc<Gateway>>,
     req: Request,
@@ -167,6 +209,15 @@ async fn origin_read(
     Ok(Json(CellsResponse { cells }))
 }
 
+/// Merges a process's own cumulative counts into the origin (safe to resend: a repeated or
+/// late event counts once) and answers the cells' counts after the merge.
+#[utoipa::path(post, path = "/v1/origin/replay", tag = "origin", request_body = ReplayRequest,
+    responses(
+        (status = 200, description = "Counts after the merge, in request order", body = CellsResponse),
+        openapi::Rejected,
+        openapi::Unavailable,
+    ),
+)]
 async fn origin_replay(
     State(gw): State<Arc<Gateway>>,
     req: Request,
@@ -208,6 +259,15 @@ async fn origin_replay(
     Ok(Json(CellsResponse { cells: counts }))
 }
 
+/// Decides at the origin, atomically and exactly, for a caller's cold, stale, strict or
+/// used-up cells, and grants it a lease to decide locally for a while.
+#[utoipa::path(post, path = "/v1/origin/decide", tag = "origin", request_body = DecideRequest,
+    responses(
+        (status = 200, description = "The decision and the caller's lease", body = DecideResponse),
+        openapi::Rejected,
+        openapi::Unavailable,
+    ),
+)]
 async fn origin_decide(
     State(gw): State<Arc<Gateway>>,
     req: Request,
@@ -227,15 +287,45 @@ async fn origin_decide(
     Ok(Json(gw.limiter.respond(&request, &answer)))
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// `GET /healthz` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`: the process serves.
+    pub status: &'static str,
 }
 
+/// `GET /readyz` answer while the origin answers.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// Always `ready`.
+    pub status: &'static str,
+    /// The origin's kind: `memory` or `redis`.
+    pub origin: &'static str,
+}
+
+/// Liveness: the process serves requests.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Serving", body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: the regional origin answers a ping.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Ready),
+        openapi::Unavailable,
+    ),
+)]
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     match gw.limiter.origin.ping().await {
         Ok(()) => {
             gw.set_origin_up(true);
-            Json(json!({"status": "ready", "origin": gw.limiter.origin.kind()})).into_response()
+            Json(Ready {
+                status: "ready",
+                origin: gw.limiter.origin.kind(),
+            })
+            .into_response()
         }
         Err(e) => {
             gw.set_origin_up(false);
@@ -244,6 +334,10 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "The Prometheus text exposition", body = String,
+        content_type = "text/plain")))]
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let (local_windows, local_evictions) = gw.limiter.local.stats();
     let (unreplayed, replay_lost) = gw.limiter.local.replay_state();

@@ -1,11 +1,13 @@
 //! Gateway settings: command-line flags, each with a `STRATA_*` environment fallback, over an
 //! optional TOML file (`--config`), over documented defaults. Precedence: flag, environment,
-//! file, default. Every value is validated before the gateway starts; a bad one stops it with
-//! one line naming the setting.
+//! file, default. Each setting is declared once, in [`Layer`]: clap reads it from the command
+//! line and environment, serde from the file, and the two are merged field by field before the
+//! defaults (the `DEFAULT_*` constants, which `--help` shows too) fill what is left. Every value
+//! is validated before the gateway starts; a bad one stops it with one line naming the setting.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,17 +17,200 @@ use strata_core::Region;
 use strata_core::identity::validate_workspace;
 
 /// Default listen address: loopback only, so a fresh gateway is not reachable from outside.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
 /// Default region name.
 pub const DEFAULT_REGION: &str = "local";
+/// Default lifetime of a lease this origin grants: the core's.
+pub const DEFAULT_FRESH_FOR: Duration =
+    Duration::from_millis(strata_core::origin::DEFAULT_LEASE_MS);
+/// Default local-only period after a failed origin call: the core's.
+pub const DEFAULT_READ_RETRY: Duration =
+    Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS);
 /// Default bound on one origin call (read, replay, ping).
 pub const DEFAULT_ORIGIN_TIMEOUT: Duration = Duration::from_millis(300);
 /// Default pause between replay batches.
 pub const DEFAULT_REPLAY_INTERVAL: Duration = Duration::from_millis(100);
 /// Default bound on window keys held in the gateway's local tables.
 pub const DEFAULT_TABLE_CAPACITY: usize = 1_000_000;
+/// Default data directory of the embedded default (relative to the working directory).
+pub const DEFAULT_DATA_DIR: &str = "strata-data";
+/// The global table's SQLite file under the data directory, when no `--database-url` is given.
+pub const DEFAULT_DATABASE_FILE: &str = "global.db";
+/// Default pause between flushes of this region's counts to the global table.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(5);
+/// Default pause between syncs of the other regions' counts.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// Default random share of an interval added to each flush and sync.
+pub const DEFAULT_SYNC_JITTER: f64 = 0.2;
+/// Default publish floor as a fraction of the limit: the core's
+/// [`PublishPolicy::default`](strata_core::PublishPolicy) (kept in millionths there).
+pub const DEFAULT_PUBLISH_FLOOR: f64 =
+    strata_core::gcounter::DEFAULT_PUBLISH_FLOOR_PPM as f64 / 1_000_000.0;
+/// Default pause between deletions of expired global rows.
+pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(60);
+/// Longest accepted duration setting.
+const MAX_DURATION: Duration = Duration::from_secs(3_600);
 
-/// The command line. Every flag also reads `STRATA_<NAME>` from the environment.
+/// The global table's URL when only the data directory is known.
+pub fn default_database_url(data_dir: &Path) -> String {
+    format!(
+        "sqlite://{}",
+        data_dir.join(DEFAULT_DATABASE_FILE).display()
+    )
+}
+
+/// A default as `--help` shows it: as an operator would write the value.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+impl Shown for Duration {
+    /// `5s`, `300ms`: the humantime forms the settings accept (humantime itself writes `1m`).
+    fn shown(&self) -> String {
+        if self.subsec_nanos() == 0 {
+            format!("{}s", self.as_secs())
+        } else if self.subsec_nanos() % 1_000_000 == 0 {
+            format!("{}ms", self.as_millis())
+        } else {
+            humantime::format_duration(*self).to_string()
+        }
+    }
+}
+
+macro_rules! shown_by_display {
+    ($($ty:ty),+) => {
+        $(impl Shown for $ty {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        })+
+    };
+}
+shown_by_display!(&str, String, SocketAddr, usize, f64);
+
+/// A setting's help: its doc comment in clap's style (no closing period), then its default.
+fn help(doc: &str, default: &[String]) -> String {
+    let doc = doc.trim().trim_end_matches('.');
+    match default {
+        [default] => format!("{doc} [default: {default}]"),
+        _ => doc.to_string(),
+    }
+}
+
+/// Declares [`Layer`]: the struct itself, read by clap and serde alike; its merge, one field at a
+/// time; and each field's help, which ends in the default named by `#[default = ...]` (clap's own
+/// `default_value` would make an absent flag indistinguishable from one given, hiding the file).
+/// Doc comments must be one paragraph: clap would show a longer one without the default.
+macro_rules! layer {
+    (
+        $(#[$attr:meta])*
+        pub struct $layer:ident {
+            $(
+                $(#[doc = $doc:literal])+
+                #[arg($($arg:tt)*)]
+                $(#[default = $default:expr])?
+                pub $field:ident: Option<$ty:ty>,
+            )+
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct $layer {
+            $(
+                $(#[doc = $doc])+
+                #[arg($($arg)*, help = help(concat!($($doc),+), &[$(Shown::shown(&$default)),*]))]
+                pub $field: Option<$ty>,
+            )+
+        }
+
+        impl $layer {
+            /// Each setting from `self`, else from `lower`: `flags.or(file)`.
+            pub fn or(self, lower: Self) -> Self {
+                Self {
+                    $($field: self.$field.or(lower.$field),)+
+                }
+            }
+        }
+    };
+}
+
+layer! {
+    /// One source of settings, each optional: the command line with its environment fallbacks
+    /// (clap), or the `--config` file (serde: keys are the flag names, unknown keys an error).
+    #[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize)]
+    #[serde(rename_all = "kebab-case", deny_unknown_fields)]
+    pub struct Layer {
+        /// Address to listen on. A non-loopback address requires tokens.
+        #[arg(long, env = "STRATA_LISTEN", value_name = "ADDR")]
+        #[default = DEFAULT_LISTEN]
+        pub listen: Option<String>,
+        /// This gateway's region: 1-48 bytes of [A-Za-z0-9._-].
+        #[arg(long, env = "STRATA_REGION")]
+        #[default = DEFAULT_REGION]
+        pub region: Option<String>,
+        /// Redis URL of the regional origin (redis://host:port/db). Absent: the embedded
+        /// in-memory origin.
+        #[arg(long, env = "STRATA_REDIS_URL", value_name = "URL")]
+        pub redis_url: Option<String>,
+        /// API tokens as `token=workspace` pairs, comma-separated. Each token can touch only its
+        /// workspace.
+        #[arg(long, env = "STRATA_TOKENS", value_name = "PAIRS", hide_env_values = true)]
+        pub tokens: Option<String>,
+        /// File of `token=workspace` pairs, one per line (`#` starts a comment).
+        #[arg(long, env = "STRATA_TOKENS_FILE", value_name = "FILE")]
+        pub tokens_file: Option<PathBuf>,
+        /// How long a lease from an origin decision lets a process pass requests locally.
+        #[arg(long, env = "STRATA_FRESH_FOR", value_name = "DURATION")]
+        #[default = DEFAULT_FRESH_FOR]
+        pub fresh_for: Option<String>,
+        /// After a failed origin call, how long a cell is decided locally before the next try.
+        #[arg(long, env = "STRATA_READ_RETRY", value_name = "DURATION")]
+        #[default = DEFAULT_READ_RETRY]
+        pub read_retry: Option<String>,
+        /// Bound on one origin call; past it the call fails and decisions fall back to local.
+        #[arg(long, env = "STRATA_ORIGIN_TIMEOUT", value_name = "DURATION")]
+        #[default = DEFAULT_ORIGIN_TIMEOUT]
+        pub origin_timeout: Option<String>,
+        /// Pause between replay batches of accepted requests to the origin.
+        #[arg(long, env = "STRATA_REPLAY_INTERVAL", value_name = "DURATION")]
+        #[default = DEFAULT_REPLAY_INTERVAL]
+        pub replay_interval: Option<String>,
+        /// Most window keys held in local memory.
+        #[arg(long, env = "STRATA_TABLE_CAPACITY", value_name = "KEYS")]
+        #[default = DEFAULT_TABLE_CAPACITY]
+        pub table_capacity: Option<usize>,
+        /// Global table: mysql://user@host/db, or sqlite://path.
+        #[arg(long, env = "STRATA_DATABASE_URL", value_name = "URL", hide_env_values = true)]
+        #[default = default_database_url(Path::new("<data-dir>"))]
+        pub database_url: Option<String>,
+        /// Where the embedded default keeps its files.
+        #[arg(long, env = "STRATA_DATA_DIR", value_name = "DIR")]
+        #[default = DEFAULT_DATA_DIR]
+        pub data_dir: Option<PathBuf>,
+        /// Pause between flushes of this region's counts to the global table. Region-wide.
+        #[arg(long, env = "STRATA_FLUSH_INTERVAL", value_name = "DURATION")]
+        #[default = DEFAULT_FLUSH_INTERVAL]
+        pub flush_interval: Option<String>,
+        /// Pause between syncs of the other regions' counts. Region-wide.
+        #[arg(long, env = "STRATA_SYNC_INTERVAL", value_name = "DURATION")]
+        #[default = DEFAULT_SYNC_INTERVAL]
+        pub sync_interval: Option<String>,
+        /// Random share of an interval added to each flush and sync, 0 to 1. Region-wide.
+        #[arg(long, env = "STRATA_SYNC_JITTER", value_name = "FRACTION")]
+        #[default = DEFAULT_SYNC_JITTER]
+        pub sync_jitter: Option<f64>,
+        /// Share of the limit a cell must reach before it is published, 0 to 1. Region-wide.
+        #[arg(long, env = "STRATA_PUBLISH_FLOOR", value_name = "FRACTION")]
+        #[default = DEFAULT_PUBLISH_FLOOR]
+        pub publish_floor: Option<f64>,
+        /// Pause between deletions of expired global rows.
+        #[arg(long, env = "STRATA_CLEANUP_INTERVAL", value_name = "DURATION")]
+        #[default = DEFAULT_CLEANUP_INTERVAL]
+        pub cleanup_interval: Option<String>,
+    }
+}
+
+/// The command line: `--config`, the settings (each also read from `STRATA_<NAME>`), and what
+/// to do.
 #[derive(Debug, Default, Parser)]
 #[command(
     name = "strata-gateway",
@@ -37,67 +222,9 @@ pub struct Cli {
     /// TOML file with any of the settings below (keys as the flag names: `listen`, `redis-url`, ...).
     #[arg(long, env = "STRATA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080]. A non-loopback address requires tokens.
-    #[arg(long, env = "STRATA_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// This gateway's region: 1-48 bytes of [A-Za-z0-9._-] [default: local].
-    #[arg(long, env = "STRATA_REGION")]
-    pub region: Option<String>,
-    /// Redis URL of the regional origin (redis://host:port/db). Absent: the embedded in-memory origin.
-    #[arg(long, env = "STRATA_REDIS_URL", value_name = "URL")]
-    pub redis_url: Option<String>,
-    /// API tokens as `token=workspace` pairs, comma-separated. Each token can touch only its workspace.
-    #[arg(
-        long,
-        env = "STRATA_TOKENS",
-        value_name = "PAIRS",
-        hide_env_values = true
-    )]
-    pub tokens: Option<String>,
-    /// File of `token=workspace` pairs, one per line (`#` starts a comment).
-    #[arg(long, env = "STRATA_TOKENS_FILE", value_name = "FILE")]
-    pub tokens_file: Option<PathBuf>,
-    /// How long a lease from an origin decision lets a process pass requests locally [default: 5s].
-    #[arg(long, env = "STRATA_FRESH_FOR", value_name = "DURATION")]
-    pub fresh_for: Option<String>,
-    /// After a failed origin call, how long a cell is decided locally before the next try [default: 300ms].
-    #[arg(long, env = "STRATA_READ_RETRY", value_name = "DURATION")]
-    pub read_retry: Option<String>,
-    /// Bound on one origin call; past it the call fails and decisions fall back to local [default: 300ms].
-    #[arg(long, env = "STRATA_ORIGIN_TIMEOUT", value_name = "DURATION")]
-    pub origin_timeout: Option<String>,
-    /// Pause between replay batches of accepted requests to the origin [default: 100ms].
-    #[arg(long, env = "STRATA_REPLAY_INTERVAL", value_name = "DURATION")]
-    pub replay_interval: Option<String>,
-    /// Most window keys held in local memory [default: 1000000].
-    #[arg(long, env = "STRATA_TABLE_CAPACITY", value_name = "KEYS")]
-    pub table_capacity: Option<usize>,
-    /// Global table: mysql://user@host/db, or sqlite://path [default: sqlite://<data-dir>/global.db].
-    #[arg(
-        long,
-        env = "STRATA_DATABASE_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
-    /// Where the embedded default keeps its files [default: ./strata-data].
-    #[arg(long, env = "STRATA_DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Pause between flushes of this region's counts to the global table [default: 5s]. Region-wide.
-    #[arg(long, env = "STRATA_FLUSH_INTERVAL", value_name = "DURATION")]
-    pub flush_interval: Option<String>,
-    /// Pause between syncs of the other regions' counts [default: 5s]. Region-wide.
-    #[arg(long, env = "STRATA_SYNC_INTERVAL", value_name = "DURATION")]
-    pub sync_interval: Option<String>,
-    /// Random share of an interval added to each flush and sync, 0 to 1 [default: 0.2]. Region-wide.
-    #[arg(long, env = "STRATA_SYNC_JITTER", value_name = "FRACTION")]
-    pub sync_jitter: Option<f64>,
-    /// Share of the limit a cell must reach before it is published, 0 to 1 [default: 0.2]. Region-wide.
-    #[arg(long, env = "STRATA_PUBLISH_FLOOR", value_name = "FRACTION")]
-    pub publish_floor: Option<f64>,
-    /// Pause between deletions of expired global rows [default: 60s].
-    #[arg(long, env = "STRATA_CLEANUP_INTERVAL", value_name = "DURATION")]
-    pub cleanup_interval: Option<String>,
+    /// The settings given as flags or environment variables.
+    #[command(flatten)]
+    pub settings: Layer,
     /// What to do: serve (the default), or a one-off task.
     #[command(subcommand)]
     pub task: Option<Task>,
@@ -110,29 +237,6 @@ pub enum Task {
     Migrate,
     /// Delete expired rows of the global table and exit.
     Cleanup,
-}
-
-/// The optional TOML file: the same settings, kebab-case; unknown keys are an error.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    region: Option<String>,
-    redis_url: Option<String>,
-    tokens: Option<String>,
-    tokens_file: Option<PathBuf>,
-    fresh_for: Option<String>,
-    read_retry: Option<String>,
-    origin_timeout: Option<String>,
-    replay_interval: Option<String>,
-    table_capacity: Option<usize>,
-    database_url: Option<String>,
-    data_dir: Option<PathBuf>,
-    flush_interval: Option<String>,
-    sync_interval: Option<String>,
-    sync_jitter: Option<f64>,
-    publish_floor: Option<f64>,
-    cleanup_interval: Option<String>,
 }
 
 /// A setting that stops start-up.
@@ -197,24 +301,27 @@ pub struct Settings {
 }
 
 impl Default for Settings {
+    /// The defaults layer: what a gateway runs with when neither flag, environment nor file
+    /// sets a value.
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            listen: DEFAULT_LISTEN,
             region: Region::new(DEFAULT_REGION).unwrap_or_else(|_| unreachable!()),
             redis_url: None,
             tokens: HashMap::new(),
-            fresh_for: Duration::from_millis(strata_core::origin::DEFAULT_LEASE_MS),
-            read_retry: Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS),
+            fresh_for: DEFAULT_FRESH_FOR,
+            read_retry: DEFAULT_READ_RETRY,
             origin_timeout: DEFAULT_ORIGIN_TIMEOUT,
             replay_interval: DEFAULT_REPLAY_INTERVAL,
             table_capacity: DEFAULT_TABLE_CAPACITY,
-            database_url: "sqlite://strata-data/global.db".into(),
-            flush_interval: Duration::from_secs(5),
-            sync_interval: Duration::from_secs(5),
-            sync_jitter: 0.2,
+            database_url: default_database_url(Path::new(DEFAULT_DATA_DIR)),
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            sync_interval: DEFAULT_SYNC_INTERVAL,
+            sync_jitter: DEFAULT_SYNC_JITTER,
+            // DEFAULT_PUBLISH_FLOOR as a policy (a unit test holds them equal).
             publish: strata_core::PublishPolicy::default(),
-            cleanup_interval: Duration::from_secs(60),
-            data_dir: PathBuf::from("strata-data"),
+            cleanup_interval: DEFAULT_CLEANUP_INTERVAL,
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
         }
     }
 }
@@ -233,13 +340,21 @@ fn duration(
             format_args!("{text:?} is not a duration like 300ms or 5s ({e})"),
         )
     })?;
-    if d.is_zero() || d > Duration::from_secs(3_600) {
+    if d.is_zero() || d > MAX_DURATION {
         return Err(err(
             setting,
             format_args!("{text:?} must be above 0 and at most 1h"),
         ));
     }
     Ok(d)
+}
+
+fn fraction(setting: &'static str, value: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        Some(f) => Err(err(setting, format_args!("{f} must be between 0 and 1"))),
+    }
 }
 
 /// Parses `token=workspace` pairs separated by commas or newlines; `#` starts a comment.
@@ -277,15 +392,20 @@ pub fn parse_tokens(
 }
 
 impl Settings {
-    /// Resolves the command line (with its environment fallbacks) over the optional file.
+    /// Resolves the command line (with its environment fallbacks) over the optional file, over
+    /// the defaults.
     pub fn from_cli(cli: Cli) -> Result<Self, ConfigError> {
         let file = match &cli.config {
             Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+            None => Layer::default(),
         };
+        Self::resolve(cli.settings.or(file))
+    }
+
+    /// Validates the merged `layer`, taking what it leaves from [`Settings::default`].
+    pub fn resolve(layer: Layer) -> Result<Self, ConfigError> {
         let d = Settings::default();
-        let listen_text = cli.listen.or(file.listen);
-        let listen = match listen_text {
+        let listen = match layer.listen {
             Some(text) => text.trim().parse::<SocketAddr>().map_err(|_| {
                 err(
                     "--listen",
@@ -294,14 +414,11 @@ impl Settings {
             })?,
             None => d.listen,
         };
-        let region = match cli.region.or(file.region) {
+        let region = match layer.region {
             Some(name) => Region::new(name.trim()).map_err(|e| err("--region", e))?,
             None => d.region,
         };
-        let redis_url = cli
-            .redis_url
-            .or(file.redis_url)
-            .map(|u| u.trim().to_string());
+        let redis_url = layer.redis_url.map(|u| u.trim().to_string());
         if let Some(url) = &redis_url {
             if !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
@@ -313,11 +430,11 @@ impl Settings {
                 ));
             }
         }
-        let mut tokens = match cli.tokens.or(file.tokens) {
+        let mut tokens = match layer.tokens {
             Some(text) => parse_tokens("--tokens", &text)?,
-            None => HashMap::new(),
+            None => d.tokens,
         };
-        if let Some(path) = cli.tokens_file.or(file.tokens_file) {
+        if let Some(path) = layer.tokens_file {
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 err(
                     "--tokens-file",
@@ -338,20 +455,8 @@ impl Settings {
                 ),
             ));
         }
-        let positive = |setting: &'static str, value: Option<usize>, default: usize| match value {
-            Some(0) => Err(err(setting, "must be at least 1")),
-            Some(n) => Ok(n),
-            None => Ok(default),
-        };
-        let data_dir = cli
-            .data_dir
-            .or(file.data_dir)
-            .unwrap_or_else(|| d.data_dir.clone());
-        let database_url = match cli
-            .database_url
-            .or(file.database_url)
-            .map(|u| u.trim().to_string())
-        {
+        let data_dir = layer.data_dir.unwrap_or(d.data_dir);
+        let database_url = match layer.database_url.map(|u| u.trim().to_string()) {
             Some(url) if url.starts_with("mysql://") || url.starts_with("sqlite:") => url,
             Some(_) => {
                 return Err(err(
@@ -359,87 +464,75 @@ impl Settings {
                     "must start with mysql:// or sqlite://",
                 ));
             }
-            None => format!("sqlite://{}", data_dir.join("global.db").display()),
-        };
-        let fraction = |setting: &'static str, value: Option<f64>, default: f64| match value {
-            None => Ok(default),
-            Some(f) if (0.0..=1.0).contains(&f) => Ok(f),
-            Some(f) => Err(err(setting, format_args!("{f} must be between 0 and 1"))),
+            None => default_database_url(&data_dir),
         };
         let floor = fraction(
             "--publish-floor",
-            cli.publish_floor.or(file.publish_floor),
-            0.2,
+            layer.publish_floor,
+            DEFAULT_PUBLISH_FLOOR,
         )?;
+        let publish = strata_core::PublishPolicy::from_fraction(floor)
+            .map_err(|e| err("--publish-floor", e))?;
+        // Checked in this order: the first bad value is the one reported.
         Ok(Settings {
-            database_url,
-            data_dir,
-            flush_interval: duration(
-                "--flush-interval",
-                cli.flush_interval.or(file.flush_interval),
-                d.flush_interval,
-            )?,
-            sync_interval: duration(
-                "--sync-interval",
-                cli.sync_interval.or(file.sync_interval),
-                d.sync_interval,
-            )?,
-            sync_jitter: fraction(
-                "--sync-jitter",
-                cli.sync_jitter.or(file.sync_jitter),
-                d.sync_jitter,
-            )?,
-            publish: strata_core::PublishPolicy::from_fraction(floor)
-                .map_err(|e| err("--publish-floor", e))?,
+            flush_interval: duration("--flush-interval", layer.flush_interval, d.flush_interval)?,
+            sync_interval: duration("--sync-interval", layer.sync_interval, d.sync_interval)?,
+            sync_jitter: fraction("--sync-jitter", layer.sync_jitter, d.sync_jitter)?,
+            publish,
             cleanup_interval: duration(
                 "--cleanup-interval",
-                cli.cleanup_interval.or(file.cleanup_interval),
+                layer.cleanup_interval,
                 d.cleanup_interval,
             )?,
+            fresh_for: duration("--fresh-for", layer.fresh_for, d.fresh_for)?,
+            read_retry: duration("--read-retry", layer.read_retry, d.read_retry)?,
+            origin_timeout: duration("--origin-timeout", layer.origin_timeout, d.origin_timeout)?,
+            replay_interval: duration(
+                "--replay-interval",
+                layer.replay_interval,
+                d.replay_interval,
+            )?,
+            table_capacity: match layer.table_capacity {
+                Some(0) => return Err(err("--table-capacity", "must be at least 1")),
+                Some(n) => n,
+                None => d.table_capacity,
+            },
             listen,
             region,
             redis_url,
             tokens,
-            fresh_for: duration("--fresh-for", cli.fresh_for.or(file.fresh_for), d.fresh_for)?,
-            read_retry: duration(
-                "--read-retry",
-                cli.read_retry.or(file.read_retry),
-                d.read_retry,
-            )?,
-            origin_timeout: duration(
-                "--origin-timeout",
-                cli.origin_timeout.or(file.origin_timeout),
-                d.origin_timeout,
-            )?,
-            replay_interval: duration(
-                "--replay-interval",
-                cli.replay_interval.or(file.replay_interval),
-                d.replay_interval,
-            )?,
-            table_capacity: positive(
-                "--table-capacity",
-                cli.table_capacity.or(file.table_capacity),
-                d.table_capacity,
-            )?,
+            database_url,
+            data_dir,
         })
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// The `--config` file as a [`Layer`]; an error names the file, and the key when one is at fault.
+fn read_file(path: &Path) -> Result<Layer, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         err(
             "--config",
             format_args!("cannot read {}: {e}", path.display()),
         )
     })?;
-    toml::from_str(&text).map_err(|e| {
-        let reason = e.message().to_string();
-        err("--config", format_args!("{}: {reason}", path.display()))
+    let invalid =
+        |reason: &dyn fmt::Display| err("--config", format_args!("{}: {reason}", path.display()));
+    let document = toml::Deserializer::parse(&text).map_err(|e| invalid(&e.message()))?;
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let (key, reason) = (e.path().to_string(), e.inner().message());
+        // `.` is the document itself; an unknown key's message names the key already.
+        if key == "." || reason.contains(&format!("`{key}`")) {
+            invalid(&reason)
+        } else {
+            invalid(&format_args!("{key}: {reason}"))
+        }
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
 
     fn cli(args: &[&str]) -> Cli {
@@ -448,14 +541,62 @@ mod tests {
         Cli::try_parse_from(all).unwrap()
     }
 
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("strata-config-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn defaults_are_the_embedded_loopback_gateway() {
         let s = Settings::from_cli(Cli::default()).unwrap();
-        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(s.listen, DEFAULT_LISTEN);
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(s.region.as_str(), "local");
         assert!(s.redis_url.is_none() && s.tokens.is_empty());
         assert_eq!(s.fresh_for, Duration::from_secs(5));
         assert_eq!(s.origin_timeout, Duration::from_millis(300));
+        assert_eq!(s.database_url, "sqlite://strata-data/global.db");
+        assert_eq!(
+            strata_core::PublishPolicy::from_fraction(DEFAULT_PUBLISH_FLOOR).unwrap(),
+            strata_core::PublishPolicy::default()
+        );
+        assert_eq!(
+            format!("{s:?}"),
+            format!("{:?}", Settings::default()),
+            "an empty layer resolves to Settings::default()"
+        );
+    }
+
+    /// Every default `--help` shows, given back as that flag, resolves to what the gateway runs
+    /// with by default: the help and the code read the same constants.
+    #[test]
+    fn the_defaults_help_shows_are_the_defaults_the_gateway_runs_with() {
+        let command = Cli::command();
+        let mut checked = 0;
+        for arg in command.get_arguments() {
+            let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else {
+                continue;
+            };
+            let help = help.to_string();
+            let Some((_, rest)) = help.split_once("[default: ") else {
+                continue;
+            };
+            let shown = rest.split(']').next().unwrap();
+            if shown.contains('<') {
+                // A placeholder (`sqlite://<data-dir>/global.db`), checked in the test above.
+                continue;
+            }
+            let flag = format!("--{long}");
+            let s = Settings::from_cli(cli(&[&flag, shown])).unwrap();
+            assert_eq!(
+                format!("{s:?}"),
+                format!("{:?}", Settings::default()),
+                "{flag} {shown}"
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 13, "every setting with a plain default");
     }
 
     #[test]
@@ -481,22 +622,29 @@ mod tests {
         for (args, setting) in [
             (vec!["--fresh-for", "soon"], "--fresh-for"),
             (vec!["--origin-timeout", "0s"], "--origin-timeout"),
+            (vec!["--cleanup-interval", "2h"], "--cleanup-interval"),
             (vec!["--region", "eu west"], "--region"),
             (vec!["--listen", "localhost"], "--listen"),
             (vec!["--redis-url", "http://x"], "--redis-url"),
+            (vec!["--database-url", "postgres://x"], "--database-url"),
             (vec!["--tokens", "short=acme"], "--tokens"),
             (vec!["--tokens", "long-enough-token"], "--tokens"),
             (vec!["--table-capacity", "0"], "--table-capacity"),
+            (vec!["--sync-jitter", "1.5"], "--sync-jitter"),
+            (vec!["--publish-floor=-0.1"], "--publish-floor"),
         ] {
             let e = Settings::from_cli(cli(&args)).unwrap_err();
             assert_eq!(e.setting, setting, "{args:?}: {e}");
         }
+        // Not a number at all: clap's own error, which names the flag (and exits with 2).
+        let e = Cli::try_parse_from(["strata-gateway", "--table-capacity", "many"]).unwrap_err();
+        assert!(e.to_string().contains("--table-capacity"), "{e}");
+        assert_eq!(e.exit_code(), 2);
     }
 
     #[test]
     fn the_file_fills_what_flags_leave_and_rejects_unknown_keys() {
-        let dir = std::env::temp_dir().join(format!("strata-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("fill");
         let good = dir.join("good.toml");
         std::fs::write(&good, "region = \"eu-west\"\nfresh-for = \"2s\"\n").unwrap();
         let s = Settings::from_cli(cli(&[
@@ -517,6 +665,47 @@ mod tests {
         let e = Settings::from_cli(cli(&["--config", bad.to_str().unwrap()])).unwrap_err();
         assert_eq!(e.setting, "--config");
         assert!(e.message.contains("unknown field"), "{e}");
+        assert!(e.message.contains("fresh_for_typo"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_bad_value_in_the_file_names_the_file_and_its_key() {
+        let dir = temp_dir("bad-value");
+        let file = dir.join("strata.toml");
+        std::fs::write(&file, "region = \"eu\"\ntable-capacity = \"many\"\n").unwrap();
+        let e = Settings::from_cli(cli(&["--config", file.to_str().unwrap()])).unwrap_err();
+        assert_eq!(e.setting, "--config");
+        assert!(
+            e.message
+                .starts_with(&format!("{}: table-capacity: ", file.display())),
+            "{e}"
+        );
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
+        std::fs::write(&file, "table-capacity = \n").unwrap();
+        let e = Settings::from_cli(cli(&["--config", file.to_str().unwrap()])).unwrap_err();
+        assert!(e.message.starts_with(&file.display().to_string()), "{e}");
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Flag over file over default, field by field; the environment sits between flag and file
+    /// inside clap (tests/settings.rs runs the binary with all four).
+    #[test]
+    fn layers_merge_field_by_field() {
+        let flags = Layer {
+            region: Some("from-flag".into()),
+            ..Layer::default()
+        };
+        let file = Layer {
+            region: Some("from-file".into()),
+            fresh_for: Some("2s".into()),
+            ..Layer::default()
+        };
+        let s = Settings::resolve(flags.or(file)).unwrap();
+        assert_eq!(s.region.as_str(), "from-flag");
+        assert_eq!(s.fresh_for, Duration::from_secs(2));
+        assert_eq!(s.read_retry, DEFAULT_READ_RETRY);
     }
 
     #[test]

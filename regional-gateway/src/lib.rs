@@ -11,7 +11,7 @@
 //! | [`local`] | the core's table, sharded behind mutexes |
 //! | [`origin`] | the regional origin backends, with timeout, breaker and metrics |
 //! | [`breaker`] | the failure-ratio circuit breaker |
-//! | [`metrics`] | Prometheus counters and their text |
+//! | [`metrics`] | Prometheus metrics (`prometheus-client`), their handles kept for the request path |
 //! | [`clock`] | system or manual time |
 //! | [`error`] | the API error type |
 
@@ -70,6 +70,8 @@ pub struct Gateway {
     pub auth: Auth,
     /// The decision flow and the origin.
     pub limiter: Limiter,
+    /// Every metric `/metrics` exports: the limiter's and the global layer's.
+    pub registry: prometheus_client::registry::Registry,
     origin_up: AtomicBool,
 }
 
@@ -131,10 +133,14 @@ impl Gateway {
             clock,
             global,
         );
+        let mut registry = prometheus_client::registry::Registry::default();
+        limiter.metrics.register(&mut registry);
+        limiter.global.register(&mut registry);
         Ok(Arc::new(Self {
             auth: Auth::new(settings.tokens.clone()),
             settings,
             limiter,
+            registry,
             origin_up: AtomicBool::new(true),
         }))
     }

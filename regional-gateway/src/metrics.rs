@@ -1,9 +1,17 @@
-//! Prometheus metrics, kept as plain atomics with fixed label sets (no registry, no locks on
-//! the request path) and rendered as text for `/metrics`.
+//! Prometheus metrics on `prometheus-client`, which does the exposition, types and escaping.
+//! Strata keeps the names, labels and buckets operators' dashboards use. Every labelled series
+//! is created up front and its handle kept, so the request path increments an atomic and takes
+//! no lock (a `Family` lookup would read-lock its map on every request); values owned elsewhere
+//! in the gateway are copied in at scrape time ([`Gauges`]).
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Where a decision was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,40 +24,65 @@ pub enum Source {
     Fallback,
 }
 
+impl Source {
+    const fn index(self) -> usize {
+        match self {
+            Source::Local => 0,
+            Source::Origin => 1,
+            Source::Fallback => 2,
+        }
+    }
+}
+
 const SOURCES: [&str; 3] = ["local", "origin", "fallback"];
+const OUTCOMES: [&str; 2] = ["allowed", "denied"];
 const OPS: [&str; 4] = ["read", "replay", "decide", "ping"];
 const RESULTS: [&str; 5] = ["ok", "timeout", "circuit_open", "backend", "rejected"];
 /// Upper bounds of the origin latency histogram, in seconds.
 const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-
 const REASONS: [&str; 4] = ["cold", "stale", "strict", "lease"];
 /// Upper bounds of the lease size histogram, in cost units.
 const LEASE_BUCKETS: [f64; 10] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1_000.0, 10_000.0,
 ];
 
-#[derive(Debug, Default)]
-struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    source: &'static str,
+    outcome: &'static str,
 }
 
-/// Every counter and gauge the gateway exports.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    decisions: [[AtomicU64; 2]; 3],
-    origin_calls: [[AtomicU64; RESULTS.len()]; OPS.len()],
-    origin_latency: [Histogram; OPS.len()],
-    origin_reasons: [AtomicU64; REASONS.len()],
-    lease_buckets: [AtomicU64; LEASE_BUCKETS.len()],
-    lease_count: AtomicU64,
-    lease_sum: AtomicU64,
-    replay_cells: AtomicU64,
-    replay_failed_batches: AtomicU64,
-    leases_renewed: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    op: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// Every series of `family` over `labels`, created now so none is missing from the first
+/// scrape, and their handles in the same order.
+fn series<S, M, C, const N: usize>(family: &Family<S, M, C>, labels: [S; N]) -> [M; N]
+where
+    S: Clone + std::hash::Hash + Eq,
+    M: Clone,
+    C: prometheus_client::metrics::family::MetricConstructor<M>,
+{
+    labels.map(|l| family.get_or_create(&l).clone())
 }
 
 /// Values sampled when rendering (owned by other parts of the gateway).
@@ -69,27 +102,184 @@ pub struct Gauges {
     pub origin_up: bool,
 }
 
+/// Every counter, gauge and histogram of the gateway but the global layer's.
+#[derive(Debug)]
+pub struct Metrics {
+    decision_family: Family<DecisionLabels, Counter>,
+    decisions: [[Counter; 2]; 3],
+    reason_family: Family<ReasonLabels, Counter>,
+    origin_reasons: [Counter; REASONS.len()],
+    call_family: Family<CallLabels, Counter>,
+    origin_calls: [[Counter; RESULTS.len()]; OPS.len()],
+    latency_family: Family<OpLabels, Histogram, fn() -> Histogram>,
+    origin_latency: [Histogram; OPS.len()],
+    lease_size: Histogram,
+    replay_cells: Counter,
+    leases_renewed: Counter,
+    replay_dropped: Counter,
+    replay_failed_batches: Counter,
+    replay_queue_cells: Gauge,
+    local_windows: Gauge,
+    local_evictions: Counter,
+    breaker_open: Gauge,
+    origin_up: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let decision_family = Family::default();
+        let decisions = SOURCES.map(|source| {
+            series(
+                &decision_family,
+                OUTCOMES.map(|outcome| DecisionLabels { source, outcome }),
+            )
+        });
+        let reason_family = Family::default();
+        let origin_reasons = series(
+            &reason_family,
+            REASONS.map(|reason| ReasonLabels { reason }),
+        );
+        let call_family = Family::default();
+        let origin_calls = OPS.map(|op| {
+            series(
+                &call_family,
+                RESULTS.map(|result| CallLabels { op, result }),
+            )
+        });
+        let latency_family = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        let origin_latency = series(&latency_family, OPS.map(|op| OpLabels { op }));
+        Self {
+            decision_family,
+            decisions,
+            reason_family,
+            origin_reasons,
+            call_family,
+            origin_calls,
+            latency_family,
+            origin_latency,
+            lease_size: Histogram::new(LEASE_BUCKETS),
+            replay_cells: Counter::default(),
+            leases_renewed: Counter::default(),
+            replay_dropped: Counter::default(),
+            replay_failed_batches: Counter::default(),
+            replay_queue_cells: Gauge::default(),
+            local_windows: Gauge::default(),
+            local_evictions: Counter::default(),
+            breaker_open: Gauge::default(),
+            origin_up: Gauge::default(),
+        }
+    }
+}
+
+/// A count as a gauge's value.
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 impl Metrics {
+    /// Registers every metric under its exported name (counters get their `_total` from the
+    /// registry).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "strata_decisions",
+            "Rate-limit decisions by outcome and where they were made",
+            self.decision_family.clone(),
+        );
+        r.register(
+            "strata_origin_reasons",
+            "Requests sent to the origin, by why: cold, stale (lease expired), strict, or lease (used up)",
+            self.reason_family.clone(),
+        );
+        r.register(
+            "strata_lease_size",
+            "Leases granted by this gateway's origin decisions, in cost units",
+            self.lease_size.clone(),
+        );
+        r.register(
+            "strata_origin_calls",
+            "Calls to the regional origin by operation and result",
+            self.call_family.clone(),
+        );
+        r.register(
+            "strata_origin_call_seconds",
+            "Latency of calls to the regional origin",
+            self.latency_family.clone(),
+        );
+        r.register(
+            "strata_replay_cells",
+            "Cells delivered to the origin by replay",
+            self.replay_cells.clone(),
+        );
+        r.register(
+            "strata_lease_renewals",
+            "Leases in use renewed by a replay instead of by a request's origin decision",
+            self.leases_renewed.clone(),
+        );
+        r.register(
+            "strata_replay_dropped",
+            "Accepted cost lost before the origin acknowledged it (evicted from a table full of unreplayed keys, or aged out while the origin was unreachable)",
+            self.replay_dropped.clone(),
+        );
+        r.register(
+            "strata_replay_failed_batches",
+            "Replay batches that failed (their counts go out with the next)",
+            self.replay_failed_batches.clone(),
+        );
+        r.register(
+            "strata_replay_queue_cells",
+            "Cells whose own count the origin has not acknowledged yet",
+            self.replay_queue_cells.clone(),
+        );
+        r.register(
+            "strata_local_windows",
+            "Window keys held in local memory",
+            self.local_windows.clone(),
+        );
+        r.register(
+            "strata_local_evictions",
+            "Window keys evicted from local memory",
+            self.local_evictions.clone(),
+        );
+        r.register(
+            "strata_origin_breaker_open",
+            "1 while the origin circuit breaker refuses calls",
+            self.breaker_open.clone(),
+        );
+        r.register(
+            "strata_origin_up",
+            "1 if the origin answered the last readiness probe",
+            self.origin_up.clone(),
+        );
+    }
+
+    /// Copies in the values other parts of the gateway own, before a scrape.
+    pub fn sample(&self, g: Gauges) {
+        // Counters whose running total lives elsewhere: the scrape shows that total.
+        self.replay_dropped
+            .inner()
+            .store(g.replay_lost, std::sync::atomic::Ordering::Relaxed);
+        self.local_evictions
+            .inner()
+            .store(g.local_evictions, std::sync::atomic::Ordering::Relaxed);
+        self.replay_queue_cells
+            .set(gauge_value(g.replay_queue_cells));
+        self.local_windows.set(gauge_value(g.local_windows));
+        self.breaker_open.set(i64::from(g.breaker_open));
+        self.origin_up.set(i64::from(g.origin_up));
+    }
+
     /// Counts one decision.
     pub fn decision(&self, source: Source, allowed: bool) {
-        let s = match source {
-            Source::Local => 0,
-            Source::Origin => 1,
-            Source::Fallback => 2,
-        };
-        self.decisions[s][usize::from(!allowed)].fetch_add(1, Ordering::Relaxed);
+        self.decisions[source.index()][usize::from(!allowed)].inc();
     }
 
     /// Decisions so far from `source` (for tests and the load harness).
     pub fn decisions(&self, source: Source) -> u64 {
-        let s = match source {
-            Source::Local => 0,
-            Source::Origin => 1,
-            Source::Fallback => 2,
-        };
-        self.decisions[s]
+        self.decisions[source.index()]
             .iter()
-            .map(|a| a.load(Ordering::Relaxed))
+            .map(Counter::get)
             .sum()
     }
 
@@ -100,214 +290,68 @@ impl Metrics {
             Ok(()) => 0,
             Err(kind) => RESULTS.iter().position(|x| *x == kind).unwrap_or(3),
         };
-        self.origin_calls[o][r].fetch_add(1, Ordering::Relaxed);
-        let h = &self.origin_latency[o];
-        let secs = elapsed.as_secs_f64();
-        for (bound, bucket) in BUCKETS.iter().zip(&h.buckets) {
-            if secs <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        h.count.fetch_add(1, Ordering::Relaxed);
-        h.sum_micros.fetch_add(
-            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.origin_calls[o][r].inc();
+        self.origin_latency[o].observe(elapsed.as_secs_f64());
     }
 
     /// Origin calls of `op` so far, all outcomes.
     pub fn origin_calls(&self, op: &str) -> u64 {
         let o = OPS.iter().position(|x| *x == op).unwrap_or(0);
-        self.origin_calls[o]
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .sum()
+        self.origin_calls[o].iter().map(Counter::get).sum()
     }
 
     /// A decision that went to the origin, and why.
     pub fn origin_reason(&self, reason: strata_core::Reason) {
-        let r = match reason {
-            strata_core::Reason::Cold => 0,
-            strata_core::Reason::Stale => 1,
-            strata_core::Reason::Strict => 2,
-            strata_core::Reason::Lease => 3,
-        };
-        self.origin_reasons[r].fetch_add(1, Ordering::Relaxed);
+        self.origin_reasons[reason_index(reason)].inc();
     }
 
     /// A lease this gateway's origin granted (to itself or an edge).
     pub fn lease_granted(&self, lease: u64) {
-        for (bound, bucket) in LEASE_BUCKETS.iter().zip(&self.lease_buckets) {
-            if lease as f64 <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.lease_count.fetch_add(1, Ordering::Relaxed);
-        self.lease_sum.fetch_add(lease, Ordering::Relaxed);
+        // Exact below 2^53; a lease is at most a limit, which the API caps there.
+        #[allow(clippy::cast_precision_loss)]
+        self.lease_size.observe(lease as f64);
     }
 
     /// Requests sent to the origin for `reason` so far.
     pub fn origin_reasons(&self, reason: strata_core::Reason) -> u64 {
-        let i = REASONS
-            .iter()
-            .position(|r| *r == reason.as_str())
-            .unwrap_or(0);
-        self.origin_reasons[i].load(Ordering::Relaxed)
+        self.origin_reasons[reason_index(reason)].get()
     }
 
     /// Cells delivered to the origin by replay.
     pub fn replayed(&self, cells: usize) {
-        self.replay_cells.fetch_add(cells as u64, Ordering::Relaxed);
+        self.replay_cells.inc_by(cells as u64);
     }
 
     /// Leases in use renewed by a replay (each spares a request a round trip).
     pub fn leases_renewed(&self, leases: usize) {
-        self.leases_renewed
-            .fetch_add(leases as u64, Ordering::Relaxed);
+        self.leases_renewed.inc_by(leases as u64);
     }
 
     /// A replay batch that failed (its counts go out with the next).
     pub fn replay_failed(&self) {
-        self.replay_failed_batches.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self, g: Gauges) -> String {
-        let mut out = String::with_capacity(4096);
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        out.push_str("# HELP strata_decisions_total Rate-limit decisions by outcome and where they were made.\n");
-        out.push_str("# TYPE strata_decisions_total counter\n");
-        for (s, source) in SOURCES.iter().enumerate() {
-            for (a, outcome) in ["allowed", "denied"].iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "strata_decisions_total{{source=\"{source}\",outcome=\"{outcome}\"}} {}",
-                    load(&self.decisions[s][a])
-                );
-            }
-        }
-        out.push_str("# HELP strata_origin_reasons_total Requests sent to the origin, by why: cold, stale (lease expired), strict, or lease (used up).\n");
-        out.push_str("# TYPE strata_origin_reasons_total counter\n");
-        for (r, reason) in REASONS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "strata_origin_reasons_total{{reason=\"{reason}\"}} {}",
-                load(&self.origin_reasons[r])
-            );
-        }
-        out.push_str("# HELP strata_lease_size Leases granted by this gateway's origin decisions, in cost units.\n");
-        out.push_str("# TYPE strata_lease_size histogram\n");
-        for (bound, bucket) in LEASE_BUCKETS.iter().zip(&self.lease_buckets) {
-            let _ = writeln!(
-                out,
-                "strata_lease_size_bucket{{le=\"{bound}\"}} {}",
-                load(bucket)
-            );
-        }
-        let lease_count = load(&self.lease_count);
-        let _ = writeln!(out, "strata_lease_size_bucket{{le=\"+Inf\"}} {lease_count}");
-        let _ = writeln!(out, "strata_lease_size_sum {}", load(&self.lease_sum));
-        let _ = writeln!(out, "strata_lease_size_count {lease_count}");
-        out.push_str("# HELP strata_origin_calls_total Calls to the regional origin by operation and result.\n");
-        out.push_str("# TYPE strata_origin_calls_total counter\n");
-        for (o, op) in OPS.iter().enumerate() {
-            for (r, result) in RESULTS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "strata_origin_calls_total{{op=\"{op}\",result=\"{result}\"}} {}",
-                    load(&self.origin_calls[o][r])
-                );
-            }
-        }
-        out.push_str(
-            "# HELP strata_origin_call_seconds Latency of calls to the regional origin.\n",
-        );
-        out.push_str("# TYPE strata_origin_call_seconds histogram\n");
-        for (o, op) in OPS.iter().enumerate() {
-            let h = &self.origin_latency[o];
-            for (bound, bucket) in BUCKETS.iter().zip(&h.buckets) {
-                let _ = writeln!(
-                    out,
-                    "strata_origin_call_seconds_bucket{{op=\"{op}\",le=\"{bound}\"}} {}",
-                    load(bucket)
-                );
-            }
-            let count = load(&h.count);
-            let _ = writeln!(
-                out,
-                "strata_origin_call_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                out,
-                "strata_origin_call_seconds_sum{{op=\"{op}\"}} {}",
-                load(&h.sum_micros) as f64 / 1e6
-            );
-            let _ = writeln!(
-                out,
-                "strata_origin_call_seconds_count{{op=\"{op}\"}} {count}"
-            );
-        }
-        let scalars: [(&str, &str, &str, String); 8] = [
-            (
-                "strata_replay_cells_total",
-                "counter",
-                "Cells delivered to the origin by replay.",
-                load(&self.replay_cells).to_string(),
-            ),
-            (
-                "strata_lease_renewals_total",
-                "counter",
-                "Leases in use renewed by a replay instead of by a request's origin decision.",
-                load(&self.leases_renewed).to_string(),
-            ),
-            (
-                "strata_replay_dropped_total",
-                "counter",
-                "Accepted cost lost before the origin acknowledged it (evicted from a table full of unreplayed keys, or aged out while the origin was unreachable).",
-                g.replay_lost.to_string(),
-            ),
-            (
-                "strata_replay_failed_batches_total",
-                "counter",
-                "Replay batches that failed (their counts go out with the next).",
-                load(&self.replay_failed_batches).to_string(),
-            ),
-            (
-                "strata_replay_queue_cells",
-                "gauge",
-                "Cells whose own count the origin has not acknowledged yet.",
-                g.replay_queue_cells.to_string(),
-            ),
-            (
-                "strata_local_windows",
-                "gauge",
-                "Window keys held in local memory.",
-                g.local_windows.to_string(),
-            ),
-            (
-                "strata_local_evictions_total",
-                "counter",
-                "Window keys evicted from local memory.",
-                g.local_evictions.to_string(),
-            ),
-            (
-                "strata_origin_breaker_open",
-                "gauge",
-                "1 while the origin circuit breaker refuses calls.",
-                u8::from(g.breaker_open).to_string(),
-            ),
-        ];
-        for (name, kind, help, value) in scalars {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP strata_origin_up 1 if the origin answered the last readiness probe.\n# TYPE strata_origin_up gauge\nstrata_origin_up {}",
-            u8::from(g.origin_up)
-        );
-        out
+        self.replay_failed_batches.inc();
     }
 }
+
+const fn reason_index(reason: strata_core::Reason) -> usize {
+    match reason {
+        strata_core::Reason::Cold => 0,
+        strata_core::Reason::Stale => 1,
+        strata_core::Reason::Strict => 2,
+        strata_core::Reason::Lease => 3,
+    }
+}
+
+/// The OpenMetrics text of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::with_capacity(8192);
+    // Writing into a String cannot fail; an encoder error would leave a partial page, which
+    // Prometheus rejects as a whole.
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::warn!(error = %e, "metrics encoding failed");
+    }
+    out
+}
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

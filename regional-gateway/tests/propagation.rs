@@ -12,8 +12,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-
 use common::{T0, temp_database, with_settings};
 use strata_core::table::LimitRequest;
 use strata_core::{Region, WindowDuration, WindowKeyRef};
@@ -144,13 +142,7 @@ async fn usage_reaches_the_other_region_within_a_flush_and_a_sync() {
         delays[delays.len() - 1],
     );
     let seconds = RUN_MS as f64 / 1_000.0;
-    let rows = eu
-        .gateway
-        .limiter
-        .global
-        .metrics
-        .rows_written
-        .load(Ordering::Relaxed);
+    let rows = eu.gateway.limiter.global.metrics.rows_written.get();
     println!(
         "propagation over {crossed_count} keys: p50 {p50} ms, p95 {p95} ms, max {max} ms; \
          eu: {:.2} flush statements/s, {:.1} rows/s; us: {:.2} sync queries/s",

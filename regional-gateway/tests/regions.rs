@@ -11,8 +11,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-
 use common::mariadb::SharedDatabase;
 use common::{T0, TestGateway, temp_database, with_settings};
 use strata_core::table::LimitRequest;
@@ -62,12 +60,7 @@ fn global(g: &TestGateway) -> &strata_gateway::global::Global {
 }
 
 fn rows_written(g: &TestGateway) -> u64 {
-    g.gateway
-        .limiter
-        .global
-        .metrics
-        .rows_written
-        .load(Ordering::Relaxed)
+    g.gateway.limiter.global.metrics.rows_written.get()
 }
 
 async fn two_regions_share_usage(url: &str) {
@@ -97,7 +90,7 @@ async fn two_regions_share_usage(url: &str) {
     assert_eq!(r.body["results"][0]["current"]["regional"], 40);
     assert_eq!(r.body["results"][0]["remaining"], 0);
     assert_eq!(
-        global(&us).metrics.entries_created.load(Ordering::Relaxed),
+        global(&us).metrics.entries_created.get(),
         1,
         "us had not seen the key"
     );

@@ -336,12 +336,12 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "The Prometheus text exposition", body = String,
-        content_type = "text/plain")))]
+    responses((status = 200, description = "The OpenMetrics text exposition", body = String,
+        content_type = "application/openmetrics-text")))]
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let (local_windows, local_evictions) = gw.limiter.local.stats();
     let (unreplayed, replay_lost) = gw.limiter.local.replay_state();
-    let mut text = gw.limiter.metrics.render(Gauges {
+    gw.limiter.metrics.sample(Gauges {
         replay_queue_cells: unreplayed,
         replay_lost,
         local_windows,
@@ -349,13 +349,13 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         breaker_open: gw.limiter.origin.breaker_open(),
         origin_up: gw.origin_up(),
     });
-    text.push_str(&gw.limiter.global.render());
+    gw.limiter.global.sample();
     (
         [(
             CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
         )],
-        text,
+        crate::metrics::render(&gw.registry),
     )
         .into_response()
 }

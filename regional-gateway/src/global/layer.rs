@@ -4,30 +4,36 @@
 //! origin answer the gateway gives.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use strata_core::{CounterTable, Counts, PublishPolicy, Region, TableConfig, WindowKeyRef};
 
 use super::store::{Store, StoreError};
 use crate::local::LocalTables;
 
-/// Counters of the global layer, rendered as `strata_global_*`.
+/// Counters of the global layer, exported as `strata_global_*`.
 #[derive(Debug, Default)]
 pub struct GlobalMetrics {
     /// Flush statements that succeeded.
-    pub writes: AtomicU64,
+    pub writes: Counter,
     /// Flushes that failed (retried on the next tick).
-    pub write_errors: AtomicU64,
+    pub write_errors: Counter,
     /// Rows written.
-    pub rows_written: AtomicU64,
+    pub rows_written: Counter,
     /// Sync rows applied.
-    pub sync_rows_applied: AtomicU64,
+    pub sync_rows_applied: Counter,
     /// Syncs that failed.
-    pub sync_errors: AtomicU64,
+    pub sync_errors: Counter,
     /// Local entries created by a sync (keys this gateway had not seen).
-    pub entries_created: AtomicU64,
+    pub entries_created: Counter,
     /// Rows returned by the last sync.
-    pub rows_last_poll: AtomicU64,
+    pub rows_last_poll: Gauge,
+    unpublished_dropped: Counter,
+    breaker_open: Gauge,
 }
 
 /// The region's counts as this gateway knows them, and the imported components.
@@ -184,14 +190,12 @@ impl Global {
         {
             Ok(written) => {
                 self.view().commit_flush(&rows);
-                self.metrics.writes.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .rows_written
-                    .fetch_add(written, Ordering::Relaxed);
+                self.metrics.writes.inc();
+                self.metrics.rows_written.inc_by(written);
                 Ok(written)
             }
             Err(e) => {
-                self.metrics.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.write_errors.inc();
                 Err(e)
             }
         }
@@ -203,13 +207,13 @@ impl Global {
         let rows = match self.guarded(self.store.sync(&self.region, now_ms)).await {
             Ok(rows) => rows,
             Err(e) => {
-                self.metrics.sync_errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.sync_errors.inc();
                 return Err(e);
             }
         };
         self.metrics
             .rows_last_poll
-            .store(rows.len() as u64, Ordering::Relaxed);
+            .set(i64::try_from(rows.len()).unwrap_or(i64::MAX));
         for r in &rows {
             let key = r.key.as_ref();
             self.view()
@@ -218,76 +222,65 @@ impl Global {
             let before = table.stats().created_by_sync;
             table.apply_sync(key, r.sequence, r.own, r.foreign, now_ms);
             if table.stats().created_by_sync > before {
-                self.metrics.entries_created.fetch_add(1, Ordering::Relaxed);
+                self.metrics.entries_created.inc();
             }
         }
-        self.metrics
-            .sync_rows_applied
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        self.metrics.sync_rows_applied.inc_by(rows.len() as u64);
         Ok(rows.len())
     }
 
-    /// Renders the `strata_global_*` counters.
-    pub fn render(&self) -> String {
+    /// Registers the `strata_global_*` metrics.
+    pub fn register(&self, r: &mut Registry) {
         let m = &self.metrics;
-        let mut out = String::new();
-        for (name, kind, help, v) in [
+        for (name, help, counter) in [
+            ("writes", "Flush statements that succeeded", &m.writes),
             (
-                "writes_total",
-                "counter",
-                "Flush statements that succeeded.",
-                &m.writes,
-            ),
-            (
-                "write_errors_total",
-                "counter",
-                "Flushes that failed and will be retried.",
+                "write_errors",
+                "Flushes that failed and will be retried",
                 &m.write_errors,
             ),
             (
-                "rows_written_total",
-                "counter",
-                "Rows written to the global table.",
+                "rows_written",
+                "Rows written to the global table",
                 &m.rows_written,
             ),
             (
-                "sync_rows_applied_total",
-                "counter",
-                "Sync rows applied to local memory.",
+                "sync_rows_applied",
+                "Sync rows applied to local memory",
                 &m.sync_rows_applied,
             ),
+            ("sync_errors", "Syncs that failed", &m.sync_errors),
             (
-                "sync_errors_total",
-                "counter",
-                "Syncs that failed.",
-                &m.sync_errors,
-            ),
-            (
-                "entries_created_total",
-                "counter",
-                "Local entries a sync created for keys not seen here.",
+                "entries_created",
+                "Local entries a sync created for keys not seen here",
                 &m.entries_created,
             ),
             (
-                "rows_last_poll",
-                "gauge",
-                "Rows the last sync returned.",
-                &m.rows_last_poll,
+                "unpublished_dropped",
+                "Regional counts the region view evicted before a flush published them (it was full of unpublished keys)",
+                &m.unpublished_dropped,
             ),
         ] {
-            out.push_str(&format!(
-                "# HELP strata_global_{name} {help}\n# TYPE strata_global_{name} {kind}\nstrata_global_{name} {}\n",
-                v.load(Ordering::Relaxed)
-            ));
+            r.register(format!("strata_global_{name}"), help, counter.clone());
         }
-        out.push_str(&format!(
-            "# HELP strata_global_unpublished_dropped_total Regional counts the region view evicted before a flush published them (it was full of unpublished keys).\n# TYPE strata_global_unpublished_dropped_total counter\nstrata_global_unpublished_dropped_total {}\n",
-            self.view().stats().unpublished_lost
-        ));
-        out.push_str(&format!(
-            "# HELP strata_global_breaker_open 1 while the database breaker refuses calls.\n# TYPE strata_global_breaker_open gauge\nstrata_global_breaker_open {}\n",
-            u8::from(self.breaker_open())
-        ));
-        out
+        r.register(
+            "strata_global_rows_last_poll",
+            "Rows the last sync returned",
+            m.rows_last_poll.clone(),
+        );
+        r.register(
+            "strata_global_breaker_open",
+            "1 while the database breaker refuses calls",
+            m.breaker_open.clone(),
+        );
+    }
+
+    /// Copies in the values the view and the breaker own, before a scrape.
+    pub fn sample(&self) {
+        let m = &self.metrics;
+        m.unpublished_dropped
+            .inner()
+            .store(self.view().stats().unpublished_lost, Ordering::Relaxed);
+        m.breaker_open.set(i64::from(self.breaker_open()));
     }
 }

@@ -9,6 +9,7 @@
 #
 #   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
 #   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
+#   CLUSTER=1 scripts/bench.sh          # also the gateway on a private 3-node Redis Cluster
 #   EXTRA="name=cmd with args" EXTRA_API=limitador scripts/bench.sh
 #                                         # one more contender on 127.0.0.1:8093 (EXTRA_API:
 #                                         # the request shape bench/ratelimit.lua sends it)
@@ -22,6 +23,7 @@ CONNS=${CONNS:-64}
 KEYS=${KEYS:-"1 10000"}
 EXTRA=${EXTRA:-}
 EXTRA_API=${EXTRA_API:-strata}
+CLUSTER=${CLUSTER:-0}
 
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""
@@ -34,18 +36,43 @@ cargo build --release -q -p strata-gateway --bin strata-gateway --example bare
 BIN="$CARGO_TARGET_DIR/release"
 GATEWAY=${GATEWAY:-$BIN/strata-gateway} # another build of the gateway to compare, e.g. an older commit's
 WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
-REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+REDIS_PORT=$(free_port)
+CLUSTER_PORTS=()
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  local p
+  for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}"; do
+    redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --daemonize yes --logfile "$WORK/redis.log" --dir "$WORK" >/dev/null
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+if [ "$CLUSTER" = 1 ]; then
+  for _ in 1 2 3; do
+    port=$(free_port)
+    # The cluster bus listens on the port + 10000, which must be a port too.
+    while [ "$port" -gt 55535 ]; do port=$(free_port); done
+    mkdir -p "$WORK/node-$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
+      --cluster-config-file nodes.conf --daemonize yes --logfile "$WORK/node-$port/redis.log" \
+      --dir "$WORK/node-$port" >/dev/null
+    CLUSTER_PORTS+=("$port")
+  done
+  for port in "${CLUSTER_PORTS[@]}"; do
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  redis-cli --cluster create "${CLUSTER_PORTS[@]/#/127.0.0.1:}" --cluster-replicas 0 --cluster-yes >/dev/null
+  for port in "${CLUSTER_PORTS[@]}"; do
+    until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
+  done
+fi
+REDIS_PORTS=("$REDIS_PORT") # the Redis servers of the contender being measured
+rcli() { local p; for p in "${REDIS_PORTS[@]}"; do redis-cli -p "$p" "$@"; done; }
 
 cpu_seconds() { # utime + stime of a process, in seconds
   awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
@@ -53,7 +80,7 @@ cpu_seconds() { # utime + stime of a process, in seconds
 metric_sum() { # the sum of a gateway metric's samples whose line matches $2
   curl -s "127.0.0.1:$1/metrics" | awk -v pat="$2" '$0 ~ pat && $1 !~ /^#/ { s += $NF } END { printf "%d", s }'
 }
-redis_calls() { rcli info commandstats | awk -F'[=,:]' '/^cmdstat_/ { s += $3 } END { printf "%d", s }'; }
+redis_calls() { rcli info commandstats | awk -F'[=,:]' '/^cmdstat_/ && !/^cmdstat_(info|config|flushall):/ { s += $3 } END { printf "%d", s }'; }
 redis_cpu() { rcli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'; }
 
 start() { # name port command...: starts a contender, waits until it accepts connections
@@ -77,6 +104,7 @@ for round in $(seq "$ROUNDS"); do
   for keys in $KEYS; do
     bare_rps=""
     contenders=(bare embedded redis)
+    [ "$CLUSTER" = 1 ] && contenders+=(cluster)
     [ -n "$EXTRA" ] && contenders+=(extra)
     for c in "${contenders[@]}"; do
       port=8090
@@ -86,8 +114,16 @@ for round in $(seq "$ROUNDS"); do
         embedded) port=8091; start "$c" 8091 "$GATEWAY" "${gw_args[@]}" ;;
         redis)
           port=8091
+          REDIS_PORTS=("$REDIS_PORT")
           rcli flushall >/dev/null
           start "$c" 8091 "$GATEWAY" "${gw_args[@]}" --redis-url "redis://127.0.0.1:$REDIS_PORT/"
+          ;;
+        cluster)
+          port=8091
+          REDIS_PORTS=("${CLUSTER_PORTS[@]}")
+          rcli flushall >/dev/null
+          seeds=$(printf 'redis://127.0.0.1:%s/,' "${CLUSTER_PORTS[@]}")
+          start "$c" 8091 "$GATEWAY" "${gw_args[@]}" --redis-cluster "${seeds%,}"
           ;;
         extra) port=8093; start "${EXTRA%%=*}" 8093 bash -c "exec ${EXTRA#*=}" ;;
       esac
@@ -120,11 +156,11 @@ for round in $(seq "$ROUNDS"); do
         rt1=$(metric_sum 8091 '^strata_origin_calls_total')
         cells=$(( $(metric_sum 8091 '^strata_replay_cells_total') - cells0 ))
         rt=$(awk -v a="$rt0" -v b="$rt1" -v r="$requests" 'BEGIN { printf "%.1f", (b - a) * 1000 / r }')
-        if [ "$c" = redis ]; then
+        if [ "$c" = redis ] || [ "$c" = cluster ]; then
           calls=$(redis_calls)
           cmd=$(awk -v a="$calls" -v r="$requests" 'BEGIN { printf "%.2f", a / r }')
           per_cell=$(awk -v a="$calls" -v c="$cells" 'BEGIN { printf "%.2f", (c > 0) ? a / c : 0 }')
-          echo "  redis: $calls commands ($(rcli info commandstats | grep -o '^cmdstat_[a-z]*:calls=[0-9]*' | sed 's/cmdstat_//; s/:calls=/=/' | tr '\n' ' ')), $cells replayed cells, cpu $(awk -v a="$rcpu0" -v b="$(redis_cpu)" 'BEGIN { printf "%.2f", b - a }') s" >&2
+          echo "  $c: $calls commands ($(rcli info commandstats | grep -o '^cmdstat_[a-z]*:calls=[0-9]*' | sed 's/cmdstat_//; s/:calls=/=/' | tr '\n' ' ')), $cells replayed cells, cpu $(awk -v a="$rcpu0" -v b="$(redis_cpu)" 'BEGIN { printf "%.2f", b - a }') s" >&2
         fi
       fi
       [ "$errors" -eq 0 ] || echo "  $c: $errors failed requests" >&2

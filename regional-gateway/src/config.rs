@@ -151,6 +151,10 @@ layer! {
         /// in-memory origin.
         #[arg(long, env = "STRATA_REDIS_URL", value_name = "URL")]
         pub redis_url: Option<String>,
+        /// Seed nodes of a Redis Cluster as the regional origin, comma-separated
+        /// (redis://host:port,redis://host:port); instead of --redis-url.
+        #[arg(long, env = "STRATA_REDIS_CLUSTER", value_name = "URLS")]
+        pub redis_cluster: Option<String>,
         /// API tokens as `token=workspace` pairs, comma-separated. Each token can touch only its
         /// workspace.
         #[arg(long, env = "STRATA_TOKENS", value_name = "PAIRS", hide_env_values = true)]
@@ -270,8 +274,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// This gateway's region.
     pub region: Region,
-    /// Redis URL, or `None` for the embedded origin.
+    /// Redis URL, or `None` for the embedded origin (or a cluster).
     pub redis_url: Option<String>,
+    /// Seed nodes of a Redis Cluster; empty: not a cluster.
+    pub redis_cluster: Vec<String>,
     /// Token → workspace. Empty: loopback-only, workspace `default`.
     pub tokens: HashMap<String, String>,
     /// How long a lease may be used.
@@ -308,6 +314,7 @@ impl Default for Settings {
             listen: DEFAULT_LISTEN,
             region: Region::new(DEFAULT_REGION).unwrap_or_else(|_| unreachable!()),
             redis_url: None,
+            redis_cluster: Vec::new(),
             tokens: HashMap::new(),
             fresh_for: DEFAULT_FRESH_FOR,
             read_retry: DEFAULT_READ_RETRY,
@@ -430,6 +437,32 @@ impl Settings {
                 ));
             }
         }
+        let redis_cluster: Vec<String> = layer
+            .redis_cluster
+            .iter()
+            .flat_map(|seeds| seeds.split(','))
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = redis_cluster
+            .iter()
+            .find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
+        {
+            return Err(err(
+                "--redis-cluster",
+                format_args!("{bad:?} must start with redis:// or rediss://"),
+            ));
+        }
+        if layer.redis_cluster.is_some() && redis_cluster.is_empty() {
+            return Err(err("--redis-cluster", "names no seed node"));
+        }
+        if redis_url.is_some() && !redis_cluster.is_empty() {
+            return Err(err(
+                "--redis-cluster",
+                "a gateway has one regional origin: give --redis-url or --redis-cluster, not both",
+            ));
+        }
         let mut tokens = match layer.tokens {
             Some(text) => parse_tokens("--tokens", &text)?,
             None => d.tokens,
@@ -500,6 +533,7 @@ impl Settings {
             listen,
             region,
             redis_url,
+            redis_cluster,
             tokens,
             database_url,
             data_dir,
@@ -600,6 +634,20 @@ mod tests {
     }
 
     #[test]
+    fn cluster_seeds_are_a_comma_separated_list() {
+        let s = Settings::from_cli(cli(&[
+            "--redis-cluster",
+            "redis://10.0.0.1:6379, redis://10.0.0.2:6379,",
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.redis_cluster,
+            ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]
+        );
+        assert!(s.redis_url.is_none());
+    }
+
+    #[test]
     fn a_public_listener_without_tokens_refuses_to_start() {
         let e = Settings::from_cli(cli(&["--listen", "0.0.0.0:8080"])).unwrap_err();
         assert_eq!(e.setting, "--listen");
@@ -626,6 +674,20 @@ mod tests {
             (vec!["--region", "eu west"], "--region"),
             (vec!["--listen", "localhost"], "--listen"),
             (vec!["--redis-url", "http://x"], "--redis-url"),
+            (
+                vec!["--redis-cluster", "redis://a:1,http://b:2"],
+                "--redis-cluster",
+            ),
+            (vec!["--redis-cluster", " , "], "--redis-cluster"),
+            (
+                vec![
+                    "--redis-url",
+                    "redis://a:1",
+                    "--redis-cluster",
+                    "redis://b:2",
+                ],
+                "--redis-cluster",
+            ),
             (vec!["--database-url", "postgres://x"], "--database-url"),
             (vec!["--tokens", "short=acme"], "--tokens"),
             (vec!["--tokens", "long-enough-token"], "--tokens"),

@@ -79,10 +79,14 @@ impl Gateway {
     /// Builds a gateway from settings, with the given clock.
     pub async fn new(settings: Settings, clock: Clock) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::default());
-        let origin = match &settings.redis_url {
-            None => Origin::Memory(MemoryOrigin::new()),
-            Some(url) => Origin::Redis(
+        let origin = match (&settings.redis_url, settings.redis_cluster.as_slice()) {
+            (Some(url), _) => Origin::Redis(
                 RedisOrigin::new(url, settings.origin_timeout)
+                    .map_err(|e| StartError::Origin(e.to_string()))?,
+            ),
+            (None, []) => Origin::Memory(MemoryOrigin::new()),
+            (None, seeds) => Origin::Redis(
+                RedisOrigin::cluster(seeds, settings.origin_timeout)
                     .map_err(|e| StartError::Origin(e.to_string()))?,
             ),
         };

@@ -18,7 +18,7 @@ use strata_core::Reason;
 use strata_core::wire::{MAX_BATCH, MAX_BODY_BYTES, MAX_MULTI_LIMITS};
 use strata_gateway::metrics::Source;
 
-/// Runs each case against the embedded origin and against a private Redis.
+/// Runs each case against the embedded origin, a private Redis and a private Redis Cluster.
 macro_rules! on_every_origin {
     ($($case:ident($tokens:expr)),* $(,)?) => {$(
         mod $case {
@@ -29,6 +29,10 @@ macro_rules! on_every_origin {
             #[tokio::test]
             async fn redis() {
                 super::$case(super::gateway(super::Backend::Redis, $tokens).await).await;
+            }
+            #[tokio::test]
+            async fn redis_cluster() {
+                super::$case(super::gateway(super::Backend::RedisCluster, $tokens).await).await;
             }
         }
     )*};

@@ -17,6 +17,8 @@
 
 mod common;
 
+use common::{client, fresh};
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -26,22 +28,6 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 const HOUR_MS: u64 = 3_600_000;
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// A suffix no earlier run used, so every identifier is fresh.
-fn fresh(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
 
 /// A gateway process on `redis`, with the defaults a user would run.
 fn start_gateway(redis: &RedisServer) -> Gateway {

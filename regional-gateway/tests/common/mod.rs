@@ -26,13 +26,15 @@ pub mod mariadb;
 pub mod process;
 pub mod redis;
 
-use redis::RedisServer;
+use redis::{RedisCluster, RedisServer};
 
 /// Which regional origin a gateway under test uses.
 pub enum Backend {
     Memory,
     /// A private redis-server started for the test.
     Redis,
+    /// A private three-node Redis Cluster started for the test.
+    RedisCluster,
 }
 
 /// A loopback port nothing listens on right now.
@@ -48,6 +50,23 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// An identifier no earlier run used: `prefix`, this process's id and the time in ns.
+pub fn fresh(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// An HTTP client for gateway processes, with a generous timeout (a test fails, never hangs).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
 /// 20 s into a minute, on a 1 s boundary.
 pub const T0: u64 = 1_700_000_000_000;
 
@@ -57,6 +76,8 @@ pub struct TestGateway {
     pub clock: Clock,
     /// Kept alive for the gateway's lifetime.
     pub redis: Option<RedisServer>,
+    /// The same, for a cluster.
+    pub cluster: Option<RedisCluster>,
 }
 
 pub async fn embedded(tokens: &[(&str, &str)]) -> TestGateway {
@@ -64,20 +85,23 @@ pub async fn embedded(tokens: &[(&str, &str)]) -> TestGateway {
 }
 
 pub async fn gateway(backend: Backend, tokens: &[(&str, &str)]) -> TestGateway {
-    let redis = match backend {
-        Backend::Memory => None,
-        Backend::Redis => Some(RedisServer::start()),
-    };
+    let redis = matches!(backend, Backend::Redis).then(RedisServer::start);
+    let cluster = matches!(backend, Backend::RedisCluster).then(RedisCluster::start);
     let settings = Settings {
         tokens: tokens
             .iter()
             .map(|(t, w)| (t.to_string(), w.to_string()))
             .collect::<HashMap<_, _>>(),
         redis_url: redis.as_ref().map(RedisServer::url),
+        redis_cluster: cluster
+            .as_ref()
+            .map(RedisCluster::seed_list)
+            .unwrap_or_default(),
         ..Settings::default()
     };
     let mut g = with_settings(settings).await;
     g.redis = redis;
+    g.cluster = cluster;
     g
 }
 
@@ -106,6 +130,7 @@ pub async fn with_settings(mut settings: Settings) -> TestGateway {
         router,
         clock,
         redis: None,
+        cluster: None,
     }
 }
 

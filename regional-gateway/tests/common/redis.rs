@@ -16,6 +16,8 @@ pub struct RedisServer {
     /// Append-only file, fsynced on every write: a killed server restarts with every write
     /// it acknowledged.
     persistent: bool,
+    /// A Redis Cluster node (its `nodes.conf` in `dir`: restarted, it rejoins with its slots).
+    cluster: bool,
 }
 
 fn answers_ping(port: u16) -> bool {
@@ -50,11 +52,21 @@ fn answering_pid(port: u16) -> Option<u32> {
 
 /// Spawns `redis-server` on `port` and waits until it answers; `None` if another process
 /// holds the port.
-fn spawn(port: u16, dir: &std::path::Path, persistent: bool) -> Option<Child> {
+fn spawn(port: u16, dir: &std::path::Path, persistent: bool, cluster: bool) -> Option<Child> {
     let aof: &[&str] = if persistent {
         &["--appendonly", "yes", "--appendfsync", "always"]
     } else {
         &["--appendonly", "no"]
+    };
+    let cluster: &[&str] = if cluster {
+        &[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ]
+    } else {
+        &[]
     };
     let mut child = Command::new("redis-server")
         .args([
@@ -69,6 +81,7 @@ fn spawn(port: u16, dir: &std::path::Path, persistent: bool) -> Option<Child> {
             "local",
         ])
         .args(aof)
+        .args(cluster)
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -100,19 +113,23 @@ fn spawn(port: u16, dir: &std::path::Path, persistent: bool) -> Option<Child> {
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::start_with(false)
+        Self::start_with(false, false)
     }
 
     /// A server that keeps every acknowledged write across a kill (append-only, fsync always).
     pub fn start_persistent() -> Self {
-        Self::start_with(true)
+        Self::start_with(true, false)
     }
 
-    fn start_with(persistent: bool) -> Self {
+    fn start_with(persistent: bool, cluster: bool) -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         for _ in 0..5 {
-            let port = super::free_port();
+            let port = if cluster {
+                free_cluster_port()
+            } else {
+                super::free_port()
+            };
             if answers_ping(port) {
                 continue;
             }
@@ -122,13 +139,14 @@ impl RedisServer {
                 N.fetch_add(1, Ordering::Relaxed)
             ));
             std::fs::create_dir_all(&dir).expect("temp dir for redis");
-            match spawn(port, &dir, persistent) {
+            match spawn(port, &dir, persistent, cluster) {
                 Some(child) => {
                     return Self {
                         child: Some(child),
                         port,
                         dir,
                         persistent,
+                        cluster,
                     };
                 }
                 None => {
@@ -179,7 +197,7 @@ impl RedisServer {
     /// Starts (or starts again) on the same port, and waits until it answers.
     pub fn restart(&mut self) {
         self.stop();
-        let child = spawn(self.port, &self.dir, self.persistent);
+        let child = spawn(self.port, &self.dir, self.persistent, self.cluster);
         assert!(
             child.is_some(),
             "redis-server could not listen on port {} again",
@@ -193,5 +211,102 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free port whose cluster bus port (the port + 10000) is a port, and free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = super::free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A private three-node Redis Cluster (three primaries, no replicas) on free loopback ports,
+/// made with `redis-cli --cluster create` as an operator would.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_with(false, true))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e})"));
+        assert!(out.status.success(), "redis-cli --cluster create: {out:?}");
+        let cluster = Self { nodes };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and knows all three primaries.
+    pub fn wait_until_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let info = n.cli(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ok within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The seed list a gateway is given (`--redis-cluster`).
+    pub fn seeds(&self) -> String {
+        self.seed_list().join(",")
+    }
+
+    /// The same, one URL per node.
+    pub fn seed_list(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node that holds `key` now.
+    pub fn node_of(&self, key: &str) -> usize {
+        let slot: u16 = self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap();
+        let owner = self.owner(slot);
+        self.nodes
+            .iter()
+            .position(|n| n.cli(&["CLUSTER", "MYID"]) == owner)
+            .unwrap_or_else(|| panic!("no node of this cluster owns slot {slot}"))
+    }
+
+    /// The id of the primary that owns `slot`, read from `CLUSTER NODES`.
+    fn owner(&self, slot: u16) -> String {
+        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            for range in fields.iter().skip(8) {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(lo), Ok(hi)) = (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    if (lo..=hi).contains(&slot) {
+                        return fields[0].to_string();
+                    }
+                }
+            }
+        }
+        panic!("no primary owns slot {slot}")
     }
 }

@@ -12,12 +12,23 @@
 //! reservation deadline, made strictly increasing). Keys expire three windows after their first write.
 //! A replay batch is one script call (a bad cell fails alone); a read batch is one pipeline of
 //! `HGET`s; a decision is one script per window key.
+//!
+//! On a Redis Cluster ([`link`]) every command stays within one slot: reads and replays are
+//! split by slot and sent concurrently (a slot that fails fails only its cells, which the next
+//! batch carries again), a decision's four keys share their window's slot, and a multi-limit
+//! decision's rollback goes key by key.
+
+mod link;
 
 use std::fmt::Write;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use futures_util::future::join_all;
+use redis::aio::ConnectionLike;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use strata_core::WindowKeyRef;
+
+use link::{Link, slot};
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError, Replayed};
 
@@ -306,10 +317,10 @@ fn backend(e: redis::RedisError) -> OriginError {
     }
 }
 
-/// A connection-managed Redis origin (reconnects on its own after failures).
+/// A Redis origin, on one node or a cluster (reconnects on its own after failures).
 #[derive(Clone)]
 pub struct RedisOrigin {
-    conn: ConnectionManager,
+    link: Link,
     decide: redis::Script,
     replay: redis::Script,
     roll_back: redis::Script,
@@ -346,20 +357,25 @@ impl RedisOrigin {
     /// Sets up a lazily connecting client: the gateway starts (and decides locally) even if
     /// Redis is down, and connects when it comes up.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, OriginError> {
-        let client = redis::Client::open(url)
+        let link = Link::single(url, timeout)
             .map_err(|e| OriginError::Backend(format!("invalid Redis URL: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
-        Ok(Self {
-            conn,
+        Ok(Self::over(link))
+    }
+
+    /// The same over a Redis Cluster, from its seed nodes.
+    pub fn cluster(seeds: &[String], timeout: Duration) -> Result<Self, OriginError> {
+        let link = Link::cluster(seeds, timeout)
+            .map_err(|e| OriginError::Backend(format!("invalid Redis Cluster seeds: {e}")))?;
+        Ok(Self::over(link))
+    }
+
+    fn over(link: Link) -> Self {
+        Self {
+            link,
             decide: redis::Script::new(&format!("{MERGE_OWN_LUA}{DECIDE_LUA}")),
             replay: redis::Script::new(&format!("{MERGE_OWN_LUA}{REPLAY_LUA}")),
             roll_back: redis::Script::new(ROLLBACK_LUA),
-        })
+        }
     }
 
     /// Decides limit by limit (each window key is one script call, in its own slot); if a
@@ -373,7 +389,27 @@ impl RedisOrigin {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
-        let mut conn = self.conn.clone();
+        match &self.link {
+            Link::Single(c) => {
+                self.decide_on(&mut c.clone(), instance, limits, now_ms, lease_ms)
+                    .await
+            }
+            Link::Cluster(c) => {
+                let mut conn = c.conn().await.map_err(backend)?;
+                self.decide_on(&mut conn, instance, limits, now_ms, lease_ms)
+                    .await
+            }
+        }
+    }
+
+    async fn decide_on<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<DecideAnswer, OriginError> {
         // How long Redis reserves a lease, from its own clock.
         let reserve_ms = strata_core::lease::reserved_until(0, lease_ms);
         let mut outcomes = Vec::with_capacity(limits.len());
@@ -406,14 +442,14 @@ impl RedisOrigin {
                 .arg(l.floor[1])
                 .arg(l.undo_from)
                 .arg(l.call)
-                .invoke_async(&mut conn)
+                .invoke_async(conn)
                 .await;
             let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {
                 Ok(reply) => reply,
                 Err(e) => {
                     // What the earlier limits counted is taken back before the caller falls
                     // back to local memory, which counts the request itself.
-                    self.roll_back(instance, limits, &replaced, &mut outcomes, now_ms)
+                    self.roll_back(conn, instance, limits, &replaced, &mut outcomes, now_ms)
                         .await;
                     return Err(backend(e));
                 }
@@ -471,7 +507,7 @@ impl RedisOrigin {
             replaced.push(held);
         }
         if failed {
-            self.roll_back(instance, limits, &replaced, &mut outcomes, now_ms)
+            self.roll_back(conn, instance, limits, &replaced, &mut outcomes, now_ms)
                 .await;
         }
         Ok(DecideAnswer {
@@ -482,8 +518,9 @@ impl RedisOrigin {
 
     /// Takes back what the limits counted before one denied added: their cost and the
     /// leases they granted (see `ROLLBACK_LUA`).
-    async fn roll_back(
+    async fn roll_back<C: ConnectionLike + Send>(
         &self,
+        conn: &mut C,
         instance: &str,
         limits: &[DecideLimit<'_>],
         replaced: &[String],
@@ -513,13 +550,25 @@ impl RedisOrigin {
         if invocations.is_empty() {
             return;
         }
-        let mut pipe = redis::pipe();
-        pipe.load_script(&self.roll_back).ignore();
-        for i in &invocations {
-            pipe.invoke_script(i).ignore();
-        }
-        let mut conn = self.conn.clone();
-        if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+        let result = if let Link::Cluster(_) = self.link {
+            // Each cell in its own slot: one call each (rare: a multi-limit request denied
+            // after an earlier limit passed).
+            let mut result = Ok(());
+            for i in &invocations {
+                if let Err(e) = i.invoke_async::<()>(conn).await {
+                    result = Err(e);
+                }
+            }
+            result
+        } else {
+            let mut pipe = redis::pipe();
+            pipe.load_script(&self.roll_back).ignore();
+            for i in &invocations {
+                pipe.invoke_script(i).ignore();
+            }
+            pipe.query_async::<()>(conn).await
+        };
+        if let Err(e) = result {
             tracing::error!(error = %e, cells = invocations.len(), "multi-limit rollback failed: those cells stay over-counted until they expire");
         }
     }
@@ -528,13 +577,25 @@ impl RedisOrigin {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for (key, sequence) in cells {
-            pipe.cmd("HGET").arg(cell_key(*key, *sequence)).arg("n");
+        let keys: Vec<String> = cells.iter().map(|(k, s)| cell_key(*k, *s)).collect();
+        let conn = match &self.link {
+            Link::Single(c) => return read_counts(&mut c.clone(), &keys).await,
+            Link::Cluster(c) => c.conn().await.map_err(backend)?,
+        };
+        let groups = by_slot(&keys);
+        let answers = join_all(groups.iter().map(|(_, group)| {
+            let mut conn = conn.clone();
+            let keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+            async move { read_counts(&mut conn, &keys).await }
+        }))
+        .await;
+        let mut counts = vec![0; keys.len()];
+        for ((_, group), answer) in groups.iter().zip(answers) {
+            for (&i, n) in group.iter().zip(answer?) {
+                counts[i] = n;
+            }
         }
-        let mut conn = self.conn.clone();
-        let values: Vec<Option<u64>> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
+        Ok(counts)
     }
 
     pub(crate) async fn replay(
@@ -546,9 +607,70 @@ impl RedisOrigin {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
-        // One script call for the batch, with the script loaded in the same round trip: a
-        // restarted Redis never answers NOSCRIPT, and a batch whose answer timed out is still
-        // applied once Redis reads it. One bad cell (a foreign value at its key) fails alone.
+        let conn = match &self.link {
+            Link::Single(c) => {
+                // One script call for the batch, with the script loaded in the same round
+                // trip: a restarted Redis never answers NOSCRIPT, and a batch whose answer
+                // timed out is still applied once Redis reads it.
+                let invocation = self.replay_invocation(instance, cells, lease_ms);
+                let mut pipe = redis::pipe();
+                pipe.load_script(&self.replay).ignore();
+                pipe.invoke_script(&invocation);
+                let (counts,): (Vec<redis::Value>,) =
+                    pipe.query_async(&mut c.clone()).await.map_err(backend)?;
+                return replayed(counts, cells);
+            }
+            Link::Cluster(c) => c.conn().await.map_err(backend)?,
+        };
+        // One script call per slot, all at once (`invoke_async` loads the script on a node
+        // that lacks it). A slot whose call fails fails only its cells: the next batch
+        // carries them again, and the others are not sent twice.
+        let keys: Vec<String> = cells.iter().map(|c| cell_key(c.key, c.sequence)).collect();
+        let groups = by_slot(&keys);
+        let answers = join_all(groups.iter().map(|(_, group)| {
+            let mut conn = conn.clone();
+            let slot_cells: Vec<CellUsed<'_>> = group.iter().map(|&i| cells[i]).collect();
+            let invocation = self.replay_invocation(instance, &slot_cells, lease_ms);
+            async move {
+                let counts = invocation
+                    .invoke_async::<Vec<redis::Value>>(&mut conn)
+                    .await
+                    .map_err(backend)?;
+                replayed(counts, &slot_cells)
+            }
+        }))
+        .await;
+        let mut out = vec![None; cells.len()];
+        let mut failure = None;
+        let mut delivered = false;
+        for ((slot, group), answer) in groups.iter().zip(answers) {
+            match answer {
+                Ok(results) => {
+                    delivered = true;
+                    for (&i, r) in group.iter().zip(results) {
+                        out[i] = r;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, slot, cells = group.len(), "replay to one Redis Cluster slot failed");
+                    failure = Some(e);
+                }
+            }
+        }
+        match failure {
+            // Nothing went through: the origin is down, as far as this batch can tell.
+            Some(e) if !delivered => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    /// The replay script's call for `cells` (see `REPLAY_LUA`).
+    fn replay_invocation(
+        &self,
+        instance: &str,
+        cells: &[CellUsed<'_>],
+        lease_ms: u64,
+    ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.replay.prepare_invoke();
         invocation
             .arg(instance)
@@ -565,42 +687,85 @@ impl RedisOrigin {
                 .arg(c.release)
                 .arg(c.renew);
         }
-        let mut pipe = redis::pipe();
-        pipe.load_script(&self.replay).ignore();
-        pipe.invoke_script(&invocation);
-        let mut conn = self.conn.clone();
-        let (counts,): (Vec<redis::Value>,) = pipe.query_async(&mut conn).await.map_err(backend)?;
-        if counts.len() != 2 * cells.len() {
-            return Err(OriginError::Rejected(format!(
-                "redis: the replay script answered {} values for {} cells",
-                counts.len(),
-                cells.len()
-            )));
-        }
-        Ok(counts
-            .chunks_exact(2)
-            .zip(cells)
-            .map(|(pair, c)| match pair {
-                [redis::Value::Int(n), redis::Value::Int(renewed)] => Some(Replayed {
-                    count: u64::try_from(*n).ok()?,
-                    renewed: u64::try_from(*renewed).unwrap_or(0),
-                }),
-                other => {
-                    tracing::warn!(error = ?other.first(), cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
-                    None
-                }
-            })
-            .collect())
+        invocation
     }
 
     pub(crate) async fn ping(&self) -> Result<(), OriginError> {
-        let mut conn = self.conn.clone();
-        let _: String = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        match &self.link {
+            Link::Single(c) => {
+                let _: String = redis::cmd("PING")
+                    .query_async(&mut c.clone())
+                    .await
+                    .map_err(backend)?;
+            }
+            Link::Cluster(c) => {
+                // Ready when every primary answers: a down node's slots would fail.
+                let mut conn = c.conn().await.map_err(backend)?;
+                conn.route_command(
+                    redis::cmd("PING"),
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    )),
+                )
+                .await
+                .and_then(|v| v.extract_error())
+                .map_err(backend)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// `HGET <key> n` for every key, in one pipeline (all in one slot on a cluster).
+async fn read_counts<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &[String],
+) -> Result<Vec<u64>, OriginError> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("HGET").arg(key).arg("n");
+    }
+    let values: Vec<Option<u64>> = pipe.query_async(conn).await.map_err(backend)?;
+    Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
+}
+
+/// The indices of `keys` grouped by their cluster slot.
+fn by_slot(keys: &[String]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        groups.entry(slot(key)).or_default().push(i);
+    }
+    groups.into_iter().collect()
+}
+
+/// The replay script's answer for `cells`: per cell its count after the merge and the renewed
+/// lease, or `None` for a cell that failed alone.
+fn replayed(
+    counts: Vec<redis::Value>,
+    cells: &[CellUsed<'_>],
+) -> Result<Vec<Option<Replayed>>, OriginError> {
+    if counts.len() != 2 * cells.len() {
+        return Err(OriginError::Rejected(format!(
+            "redis: the replay script answered {} values for {} cells",
+            counts.len(),
+            cells.len()
+        )));
+    }
+    Ok(counts
+        .chunks_exact(2)
+        .zip(cells)
+        .map(|(pair, c)| match pair {
+            [redis::Value::Int(n), redis::Value::Int(renewed)] => Some(Replayed {
+                count: u64::try_from(*n).ok()?,
+                renewed: u64::try_from(*renewed).unwrap_or(0),
+            }),
+            other => {
+                tracing::warn!(error = ?other.first(), cell = %cell_key(c.key, c.sequence), "replay of one cell failed");
+                None
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -1,0 +1,281 @@
+//! A region on a real Redis Cluster (three primaries on loopback, made with `redis-cli --cluster
+//! create`), driven through real gateway processes started with `--redis-cluster`: two
+//! gateways converge and stay exact, a multi-limit whose keys live on different nodes is all or
+//! nothing, and a node killed and restarted mid-run stops no decision and loses none of the
+//! other nodes' counts. (The API contract on a cluster runs in `api.rs`.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+mod common;
+
+use common::{client, fresh};
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::process::GatewayProcess;
+use common::redis::RedisCluster;
+use serde_json::{Value, json};
+use strata_core::{WindowDuration, WindowKeyRef};
+use strata_gateway::origin::redis::cell_key;
+use tokio::sync::Barrier;
+
+const HOUR_MS: u64 = 3_600_000;
+
+async fn start(cluster: &RedisCluster, http: &reqwest::Client, extra: &[&str]) -> GatewayProcess {
+    let seeds = cluster.seeds();
+    let mut args = vec!["--redis-cluster", seeds.as_str()];
+    args.extend_from_slice(extra);
+    let mut g = GatewayProcess::start(&args);
+    g.ready(http).await;
+    g
+}
+
+async fn ratelimit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64) -> Value {
+    let r = http
+        .post(format!("{base}/v1/ratelimit"))
+        .json(&json!({"namespace":"api","identifier":identifier,"limit":limit,"duration":HOUR_MS}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{base}");
+    r.json().await.unwrap()
+}
+
+/// The Redis key of `identifier`'s current cell (workspace `default`, namespace `api`, 1 h).
+fn current_cell(identifier: &str) -> String {
+    let key = WindowKeyRef::new(
+        "default",
+        "api",
+        identifier,
+        WindowDuration::from_ms(HOUR_MS).unwrap(),
+    )
+    .unwrap();
+    let now = u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    cell_key(key, now / HOUR_MS)
+}
+
+/// The region's count of `identifier`'s current cell, as the node that holds it says.
+fn count_in_redis(cluster: &RedisCluster, identifier: &str) -> u64 {
+    let cell = current_cell(identifier);
+    let node = &cluster.nodes[cluster.node_of(&cell)];
+    node.cli(&["HGET", &cell, "n"]).parse().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_a_cluster_hold_a_burst_and_a_cold_key_of_limit_one() {
+    let cluster = RedisCluster::start();
+    let http = client();
+    let gateways = [
+        start(&cluster, &http, &[]).await,
+        start(&cluster, &http, &[]).await,
+    ];
+    // A cold key of limit 1, hit by both at once: admitted once.
+    for round in 0..5 {
+        let identifier = fresh(&format!("cold-{round}"));
+        let start = Arc::new(Barrier::new(2));
+        let tasks: Vec<_> = gateways
+            .iter()
+            .map(|g| {
+                let (http, base, id, start) = (
+                    http.clone(),
+                    g.base.clone(),
+                    identifier.clone(),
+                    start.clone(),
+                );
+                tokio::spawn(async move {
+                    start.wait().await;
+                    ratelimit(&http, &base, &id, 1).await["success"] == true
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += u32::from(t.await.unwrap());
+        }
+        assert_eq!(admitted, 1, "round {round}: a cold key of limit 1");
+    }
+    // A burst of 10x the limit over both gateways, 8 connections: exactly the limit.
+    const LIMIT: u64 = 50;
+    let identifier = fresh("burst");
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (http, base, id) = (client(), gateways[i % 2].base.clone(), identifier.clone());
+            tokio::spawn(async move {
+                let mut admitted = 0_u64;
+                for _ in 0..(LIMIT * 10 / 8) {
+                    admitted +=
+                        u64::from(ratelimit(&http, &base, &id, LIMIT).await["success"] == true);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    println!(
+        "cluster burst: admitted {admitted} of {} (limit {LIMIT})",
+        LIMIT * 10
+    );
+    assert_eq!(admitted, LIMIT);
+    // Every admitted request reaches the node that holds the key, once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_in_redis(&cluster, &identifier) != LIMIT {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster holds {} of {LIMIT}",
+            count_in_redis(&cluster, &identifier)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_limit_across_nodes_is_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let http = client();
+    let g = start(&cluster, &http, &[]).await;
+    // Two identifiers whose cells live on different nodes.
+    let wide = fresh("wide");
+    let narrow = (0..)
+        .map(|i| fresh(&format!("narrow-{i}")))
+        .find(|id| cluster.node_of(&current_cell(id)) != cluster.node_of(&current_cell(&wide)))
+        .unwrap();
+    let multi = |limits: Value| {
+        let (http, base) = (http.clone(), g.base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/ratelimit/multi"))
+                .json(&json!({"limits": limits}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let both = json!([
+        {"namespace":"api","identifier":wide,"limit":5,"duration":HOUR_MS},
+        {"namespace":"api","identifier":narrow,"limit":1,"duration":HOUR_MS},
+    ]);
+    assert_eq!(multi(both.clone()).await["success"], true);
+    // The narrow limit denies: the wide one, on another node, must not count this request.
+    for _ in 0..3 {
+        assert_eq!(multi(both.clone()).await["success"], false);
+    }
+    let wide_alone = ratelimit(&http, &g.base, &wide, 5).await;
+    assert_eq!(wide_alone["success"], true);
+    assert_eq!(
+        wide_alone["remaining"], 3,
+        "counted: the first multi and this request only"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_in_redis(&cluster, &wide) != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "wide holds {}",
+            count_in_redis(&cluster, &wide)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count_in_redis(&cluster, &narrow), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_counts() {
+    let mut cluster = RedisCluster::start();
+    let http = client();
+    let g = start(&cluster, &http, &["--replay-interval", "20ms"]).await;
+    // Twelve keys, at least one on every node.
+    let keys: Vec<String> = (0..12).map(|i| fresh(&format!("spread-{i}"))).collect();
+    let mut admitted = vec![0_u64; keys.len()];
+    let send = || {
+        let (http, base, keys) = (http.clone(), g.base.clone(), keys.clone());
+        async move {
+            let mut passed = Vec::new();
+            for (i, id) in keys.iter().enumerate() {
+                let answer = ratelimit(&http, &base, id, 1_000).await;
+                passed.push((i, answer["success"] == true));
+            }
+            passed
+        }
+    };
+    for _ in 0..3 {
+        for (i, ok) in send().await {
+            admitted[i] += u64::from(ok);
+        }
+    }
+    // Each key was decided at the origin once (cold), then locally under its lease: the origin
+    // holds one pass per key that no gateway counts as its own.
+    let decided = common::metric_sum(&common::metrics(&http, &g.base).await, |l| {
+        l.starts_with("strata_origin_calls_total")
+            && l.contains("op=\"decide\"")
+            && l.contains("result=\"ok\"")
+    });
+    assert_eq!(decided, keys.len() as f64);
+    let victim = cluster.node_of(&current_cell(&keys[0]));
+    cluster.nodes[victim].stop();
+    // Decisions go on while the node is down (from local memory for its keys).
+    for _ in 3..6 {
+        for (i, ok) in send().await {
+            admitted[i] += u64::from(ok);
+        }
+    }
+    cluster.nodes[victim].restart();
+    cluster.wait_until_ok();
+    for _ in 6..8 {
+        for (i, ok) in send().await {
+            admitted[i] += u64::from(ok);
+        }
+    }
+    assert!(
+        admitted.iter().all(|&n| n == 8),
+        "every request under the limit passed: {admitted:?}"
+    );
+    // The surviving nodes hold every request on their keys, once. The restarted node lost what
+    // it held only in memory: the pass the origin itself decided (cold) for each of its keys.
+    // Everything the gateway admitted locally comes back: the keys were used again after the
+    // restart, so their replays carry the gateway's whole cumulative count (merged with max).
+    let expected = |node: usize, admitted: u64| {
+        if node == victim {
+            admitted - 1
+        } else {
+            admitted
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let counts: Vec<(usize, u64)> = keys
+            .iter()
+            .map(|id| {
+                (
+                    cluster.node_of(&current_cell(id)),
+                    count_in_redis(&cluster, id),
+                )
+            })
+            .collect();
+        if counts
+            .iter()
+            .zip(&admitted)
+            .all(|(&(node, n), &a)| n == expected(node, a))
+        {
+            println!(
+                "after node {victim} restarted: counts per key (node, count) {counts:?}, admitted {admitted:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counts per key (node, count) {counts:?} against admitted {admitted:?} (node {victim} restarted)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

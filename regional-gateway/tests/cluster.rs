@@ -1,7 +1,8 @@
 //! A region on a real Redis Cluster (three primaries on loopback, made with `redis-cli --cluster
 //! create`), driven through real gateway processes started with `--redis-cluster`: two
 //! gateways converge and stay exact, a multi-limit whose keys live on different nodes is all or
-//! nothing, and a node killed and restarted mid-run stops no decision and loses none of the
+//! nothing, a slot moved to another node mid-run (the gateway's slot map goes stale) loses no
+//! count, and a node killed and restarted mid-run stops no decision and loses none of the
 //! other nodes' counts. (The API contract on a cluster runs in `api.rs`.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
@@ -40,6 +41,13 @@ async fn ratelimit(http: &reqwest::Client, base: &str, identifier: &str, limit: 
         .unwrap();
     assert_eq!(r.status(), 200, "{base}");
     r.json().await.unwrap()
+}
+
+/// One request on every key (limit 1,000 an hour), in order, each pass added to `admitted`.
+async fn one_each(http: &reqwest::Client, base: &str, keys: &[String], admitted: &mut [u64]) {
+    for (id, n) in keys.iter().zip(admitted) {
+        *n += u64::from(ratelimit(http, base, id, 1_000).await["success"] == true);
+    }
 }
 
 /// The Redis key of `identifier`'s current cell (workspace `default`, namespace `api`, 1 h).
@@ -190,6 +198,44 @@ async fn a_multi_limit_across_nodes_is_all_or_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_mid_run_loses_no_count() {
+    let cluster = RedisCluster::start();
+    let http = client();
+    let g = start(&cluster, &http, &["--replay-interval", "20ms"]).await;
+    let keys: Vec<String> = (0..6).map(|i| fresh(&format!("moving-{i}"))).collect();
+    let mut admitted = vec![0_u64; keys.len()];
+    for _ in 0..3 {
+        one_each(&http, &g.base, &keys, &mut admitted).await;
+    }
+    // Every key's replays delivered, then its slot moves to another node.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys.iter().any(|id| count_in_redis(&cluster, id) != 3) {
+        assert!(Instant::now() < deadline, "replays not delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cell = current_cell(&keys[0]);
+    let from = cluster.node_of(&cell);
+    cluster.move_slot(cluster.slot_of(&cell), (from + 1) % 3);
+    assert_ne!(cluster.node_of(&cell), from);
+    for _ in 3..8 {
+        one_each(&http, &g.base, &keys, &mut admitted).await;
+    }
+    assert!(admitted.iter().all(|&n| n == 8), "{admitted:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let counts: Vec<u64> = keys.iter().map(|id| count_in_redis(&cluster, id)).collect();
+        if counts == admitted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counts {counts:?} against admitted {admitted:?} after a slot moved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_counts() {
     let mut cluster = RedisCluster::start();
     let http = client();
@@ -197,21 +243,8 @@ async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_
     // Twelve keys, at least one on every node.
     let keys: Vec<String> = (0..12).map(|i| fresh(&format!("spread-{i}"))).collect();
     let mut admitted = vec![0_u64; keys.len()];
-    let send = || {
-        let (http, base, keys) = (http.clone(), g.base.clone(), keys.clone());
-        async move {
-            let mut passed = Vec::new();
-            for (i, id) in keys.iter().enumerate() {
-                let answer = ratelimit(&http, &base, id, 1_000).await;
-                passed.push((i, answer["success"] == true));
-            }
-            passed
-        }
-    };
     for _ in 0..3 {
-        for (i, ok) in send().await {
-            admitted[i] += u64::from(ok);
-        }
+        one_each(&http, &g.base, &keys, &mut admitted).await;
     }
     // Each key was decided at the origin once (cold), then locally under its lease: the origin
     // holds one pass per key that no gateway counts as its own.
@@ -225,16 +258,12 @@ async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_
     cluster.nodes[victim].stop();
     // Decisions go on while the node is down (from local memory for its keys).
     for _ in 3..6 {
-        for (i, ok) in send().await {
-            admitted[i] += u64::from(ok);
-        }
+        one_each(&http, &g.base, &keys, &mut admitted).await;
     }
     cluster.nodes[victim].restart();
     cluster.wait_until_ok();
     for _ in 6..8 {
-        for (i, ok) in send().await {
-            admitted[i] += u64::from(ok);
-        }
+        one_each(&http, &g.base, &keys, &mut admitted).await;
     }
     assert!(
         admitted.iter().all(|&n| n == 8),

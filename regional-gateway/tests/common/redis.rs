@@ -293,6 +293,45 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no node of this cluster owns slot {slot}"))
     }
 
+    /// Moves `slot`, with its keys, to node `to`, as `redis-cli --cluster reshard` does it:
+    /// importing and migrating states, `MIGRATE` of every key, then the new owner announced to
+    /// every node. Clients that still route the slot to its old node get `MOVED`.
+    pub fn move_slot(&self, slot: u16, to: usize) {
+        let owner = self.owner(slot);
+        let from = self
+            .nodes
+            .iter()
+            .position(|n| n.cli(&["CLUSTER", "MYID"]) == owner)
+            .unwrap();
+        assert_ne!(from, to, "slot {slot} is on node {to} already");
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let dst_id = dst.cli(&["CLUSTER", "MYID"]);
+        let slot_text = slot.to_string();
+        dst.cli(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &owner]);
+        src.cli(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &dst_id]);
+        loop {
+            let keys = src.cli(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
+            if keys.is_empty() {
+                break;
+            }
+            let port = dst.port.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.lines());
+            assert_eq!(src.cli(&args), "OK");
+        }
+        for n in &self.nodes {
+            n.cli(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &dst_id]);
+        }
+    }
+
+    /// The slot of `key`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap()
+    }
+
     /// The id of the primary that owns `slot`, read from `CLUSTER NODES`.
     fn owner(&self, slot: u16) -> String {
         let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);

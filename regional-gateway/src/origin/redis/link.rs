@@ -9,7 +9,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, RedisResult};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ErrorKind, RedisError, RedisResult, Value};
 
 /// One node or a cluster.
 #[derive(Clone)]
@@ -20,11 +21,14 @@ pub(super) enum Link {
     Cluster(Arc<ClusterLink>),
 }
 
-/// A cluster client and its connection once made.
+/// A cluster client, its connection once made, and which node holds which slots.
 pub(super) struct ClusterLink {
     client: ClusterClient,
     conn: tokio::sync::OnceCell<ClusterConnection>,
     timeout: Duration,
+    /// `(first slot, last slot, node address)` from `CLUSTER SLOTS`: read when first needed,
+    /// forgotten when a call to a node fails (a slot may have moved), read again next time.
+    slots: std::sync::RwLock<Vec<(u16, u16, String)>>,
 }
 
 impl Link {
@@ -56,6 +60,7 @@ impl Link {
             client,
             conn: tokio::sync::OnceCell::new(),
             timeout,
+            slots: std::sync::RwLock::new(Vec::new()),
         })))
     }
 }
@@ -77,6 +82,91 @@ impl ClusterLink {
             .await
             .cloned()
     }
+}
+
+impl ClusterLink {
+    /// The indices of `keys` grouped by the node that holds them, each group with a slot of
+    /// that node to route it by. A key whose slot no node claims goes alone, routed by its
+    /// own slot (the client follows the redirect).
+    pub(super) async fn by_node(
+        &self,
+        conn: &mut ClusterConnection,
+        keys: &[String],
+    ) -> RedisResult<Vec<(u16, Vec<usize>)>> {
+        let known = self.slots.read().map(|m| !m.is_empty()).unwrap_or(false);
+        if !known {
+            let reply = conn
+                .route_command(
+                    redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+                )
+                .await
+                .and_then(|v| v.extract_error())?;
+            let map = slot_map(&reply);
+            if let Ok(mut slots) = self.slots.write() {
+                *slots = map;
+            }
+        }
+        let map = self.slots.read().map(|m| m.clone()).unwrap_or_default();
+        let mut groups: std::collections::BTreeMap<String, (u16, Vec<usize>)> =
+            std::collections::BTreeMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = slot(key);
+            let node = map
+                .iter()
+                .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+                .map_or_else(|| format!("slot {slot}"), |(_, _, node)| node.clone());
+            groups
+                .entry(node)
+                .or_insert_with(|| (slot, Vec::new()))
+                .1
+                .push(i);
+        }
+        Ok(groups.into_values().collect())
+    }
+
+    /// Forgets the slot map (after a failed call: a slot may have moved).
+    pub(super) fn forget_slots(&self) {
+        if let Ok(mut slots) = self.slots.write() {
+            slots.clear();
+        }
+    }
+}
+
+/// `(first slot, last slot, "host:port")` of each range in a `CLUSTER SLOTS` answer.
+fn slot_map(reply: &Value) -> Vec<(u16, u16, String)> {
+    let Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(parts) = range else {
+                return None;
+            };
+            let bound = |v: &Value| match v {
+                Value::Int(n) => u16::try_from(*n).ok(),
+                _ => None,
+            };
+            let (Some(lo), Some(hi), Some(Value::Array(primary))) = (
+                parts.first().and_then(bound),
+                parts.get(1).and_then(bound),
+                parts.get(2),
+            ) else {
+                return None;
+            };
+            let host = match primary.first()? {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            let port = match primary.get(1)? {
+                Value::Int(p) => *p,
+                _ => return None,
+            };
+            Some((lo, hi, format!("{host}:{port}")))
+        })
+        .collect()
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the text between the

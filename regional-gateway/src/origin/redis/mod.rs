@@ -13,10 +13,10 @@
 //! A replay batch is one script call (a bad cell fails alone); a read batch is one pipeline of
 //! `HGET`s; a decision is one script per window key.
 //!
-//! On a Redis Cluster ([`link`]) every command stays within one slot: reads and replays are
-//! split by slot and sent concurrently (a slot that fails fails only its cells, which the next
-//! batch carries again), a decision's four keys share their window's slot, and a multi-limit
-//! decision's rollback goes key by key.
+//! On a Redis Cluster ([`link`]) every command stays within one slot: a read or replay batch is
+//! one pipeline per node (an `HGET` per cell; a script call per slot), sent concurrently (a
+//! node that fails fails only its cells, which the next batch carries again), a decision's four
+//! keys share their window's slot, and a multi-limit decision's rollback goes key by key.
 
 mod link;
 
@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::aio::ConnectionLike;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use strata_core::WindowKeyRef;
 
 use link::{Link, slot};
@@ -578,21 +580,43 @@ impl RedisOrigin {
             return Ok(Vec::new());
         }
         let keys: Vec<String> = cells.iter().map(|(k, s)| cell_key(*k, *s)).collect();
-        let conn = match &self.link {
+        let (link, conn) = match &self.link {
             Link::Single(c) => return read_counts(&mut c.clone(), &keys).await,
-            Link::Cluster(c) => c.conn().await.map_err(backend)?,
+            Link::Cluster(c) => (c, c.conn().await.map_err(backend)?),
         };
-        let groups = by_slot(&keys);
-        let answers = join_all(groups.iter().map(|(_, group)| {
+        // One pipeline per node, all at once.
+        let groups = link
+            .by_node(&mut conn.clone(), &keys)
+            .await
+            .map_err(backend)?;
+        let answers = join_all(groups.iter().map(|(slot, group)| {
             let mut conn = conn.clone();
-            let keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-            async move { read_counts(&mut conn, &keys).await }
+            let mut pipe = redis::pipe();
+            for &i in group {
+                pipe.cmd("HGET").arg(&keys[i]).arg("n");
+            }
+            async move {
+                let values = conn
+                    .route_pipeline(pipe, 0, group.len(), on_node_of(*slot))
+                    .await?;
+                values
+                    .into_iter()
+                    .map(|v| {
+                        let v = v.extract_error()?;
+                        redis::from_redis_value::<Option<u64>>(v).map_err(redis::RedisError::from)
+                    })
+                    .collect::<redis::RedisResult<Vec<_>>>()
+            }
         }))
         .await;
         let mut counts = vec![0; keys.len()];
         for ((_, group), answer) in groups.iter().zip(answers) {
-            for (&i, n) in group.iter().zip(answer?) {
-                counts[i] = n;
+            let values = answer.map_err(|e| {
+                link.forget_slots();
+                backend(e)
+            })?;
+            for (&i, n) in group.iter().zip(values) {
+                counts[i] = n.unwrap_or(0);
             }
         }
         Ok(counts)
@@ -607,7 +631,7 @@ impl RedisOrigin {
         if cells.is_empty() {
             return Ok(Vec::new());
         }
-        let conn = match &self.link {
+        let (link, conn) = match &self.link {
             Link::Single(c) => {
                 // One script call for the batch, with the script loaded in the same round
                 // trip: a restarted Redis never answers NOSCRIPT, and a batch whose answer
@@ -620,39 +644,68 @@ impl RedisOrigin {
                     pipe.query_async(&mut c.clone()).await.map_err(backend)?;
                 return replayed(counts, cells);
             }
-            Link::Cluster(c) => c.conn().await.map_err(backend)?,
+            Link::Cluster(c) => (c, c.conn().await.map_err(backend)?),
         };
-        // One script call per slot, all at once (`invoke_async` loads the script on a node
-        // that lacks it). A slot whose call fails fails only its cells: the next batch
-        // carries them again, and the others are not sent twice.
+        // One pipeline per node, all at once: the script loaded, then one call per slot of that
+        // node (a script's keys must share a slot). A node whose pipeline fails fails only its
+        // cells: the next batch carries them again (after reading the slot map afresh), and the
+        // others are not sent twice; a repeated pipeline (the client follows a redirect by
+        // sending it again) counts nothing twice, since replays merge with max.
         let keys: Vec<String> = cells.iter().map(|c| cell_key(c.key, c.sequence)).collect();
-        let groups = by_slot(&keys);
-        let answers = join_all(groups.iter().map(|(_, group)| {
+        let groups = link
+            .by_node(&mut conn.clone(), &keys)
+            .await
+            .map_err(backend)?;
+        let answers = join_all(groups.iter().map(|(slot, group)| {
             let mut conn = conn.clone();
-            let slot_cells: Vec<CellUsed<'_>> = group.iter().map(|&i| cells[i]).collect();
-            let invocation = self.replay_invocation(instance, &slot_cells, lease_ms);
+            let per_slot: Vec<(Vec<usize>, Vec<CellUsed<'_>>)> = by_slot_of(&keys, group)
+                .into_iter()
+                .map(|ix| {
+                    let slot_cells = ix.iter().map(|&i| cells[i]).collect();
+                    (ix, slot_cells)
+                })
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.load_script(&self.replay);
+            for (_, slot_cells) in &per_slot {
+                pipe.invoke_script(&self.replay_invocation(instance, slot_cells, lease_ms));
+            }
             async move {
-                let counts = invocation
-                    .invoke_async::<Vec<redis::Value>>(&mut conn)
+                let values = conn
+                    .route_pipeline(pipe, 1, per_slot.len(), on_node_of(*slot))
                     .await
                     .map_err(backend)?;
-                replayed(counts, &slot_cells)
+                // Each cell's result with its index in the batch.
+                let mut out = Vec::new();
+                for (value, (ix, slot_cells)) in values.into_iter().zip(&per_slot) {
+                    match value {
+                        redis::Value::Array(counts) => {
+                            out.extend(ix.iter().copied().zip(replayed(counts, slot_cells)?));
+                        }
+                        other => {
+                            tracing::warn!(error = ?other, cells = slot_cells.len(), "replay to one Redis Cluster slot failed");
+                            out.extend(ix.iter().map(|&i| (i, None)));
+                        }
+                    }
+                }
+                Ok::<_, OriginError>(out)
             }
         }))
         .await;
         let mut out = vec![None; cells.len()];
         let mut failure = None;
         let mut delivered = false;
-        for ((slot, group), answer) in groups.iter().zip(answers) {
+        for ((_, group), answer) in groups.iter().zip(answers) {
             match answer {
                 Ok(results) => {
                     delivered = true;
-                    for (&i, r) in group.iter().zip(results) {
+                    for (i, r) in results {
                         out[i] = r;
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, slot, cells = group.len(), "replay to one Redis Cluster slot failed");
+                    tracing::warn!(error = %e, cells = group.len(), "replay to one Redis Cluster node failed");
+                    link.forget_slots();
                     failure = Some(e);
                 }
             }
@@ -730,13 +783,18 @@ async fn read_counts<C: ConnectionLike + Send>(
     Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
 }
 
-/// The indices of `keys` grouped by their cluster slot.
-fn by_slot(keys: &[String]) -> Vec<(u16, Vec<usize>)> {
-    let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = std::collections::BTreeMap::new();
-    for (i, key) in keys.iter().enumerate() {
-        groups.entry(slot(key)).or_default().push(i);
+/// The indices in `group` grouped by the cluster slot of their key.
+fn by_slot_of(keys: &[String], group: &[usize]) -> Vec<Vec<usize>> {
+    let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = std::collections::BTreeMap::new();
+    for &i in group {
+        slots.entry(slot(&keys[i])).or_default().push(i);
     }
-    groups.into_iter().collect()
+    slots.into_values().collect()
+}
+
+/// Routes a pipeline to the primary that holds `slot`.
+fn on_node_of(slot: u16) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
 }
 
 /// The replay script's answer for `cells`: per cell its count after the merge and the renewed

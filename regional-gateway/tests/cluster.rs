@@ -198,6 +198,58 @@ async fn a_multi_limit_across_nodes_is_all_or_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_starts_with_the_cluster_down_and_connects_when_it_comes_up() {
+    let mut cluster = RedisCluster::start();
+    for node in &mut cluster.nodes {
+        node.stop();
+    }
+    let http = client();
+    let seeds = cluster.seeds();
+    let g = GatewayProcess::start(&["--redis-cluster", seeds.as_str()]);
+    // Serving, deciding from local memory, and not ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ready = loop {
+        if let Ok(r) = http.get(format!("{}/readyz", g.base)).send().await {
+            break r.status();
+        }
+        assert!(Instant::now() < deadline, "the gateway did not start");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(ready, 503);
+    let id = fresh("while-down");
+    assert_eq!(ratelimit(&http, &g.base, &id, 10).await["success"], true);
+    for node in &mut cluster.nodes {
+        node.restart();
+    }
+    cluster.wait_until_ok();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{}/readyz", g.base))
+        .send()
+        .await
+        .map(|r| r.status())
+        .ok()
+        != Some(reqwest::StatusCode::OK)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not ready after the cluster came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The pass decided while the cluster was down reaches it with the next replay.
+    assert_eq!(ratelimit(&http, &g.base, &id, 10).await["success"], true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_in_redis(&cluster, &id) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing of the key reached the cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moved_mid_run_loses_no_count() {
     let cluster = RedisCluster::start();
     let http = client();

@@ -13,10 +13,12 @@
 //! A replay batch is one script call (a bad cell fails alone); a read batch is one pipeline of
 //! `HGET`s; a decision is one script per window key.
 //!
-//! On a Redis Cluster ([`link`]) every command stays within one slot: a read or replay batch is
-//! one pipeline per node (an `HGET` per cell; a script call per slot), sent concurrently (a
-//! node that fails fails only its cells, which the next batch carries again), a decision's four
-//! keys share their window's slot, and a multi-limit decision's rollback goes key by key.
+//! On a Redis Cluster ([`link`]) a read batch is one `HGET` pipeline per node and a replay batch
+//! one script call per node (its cells' keys undeclared but for the first, which Redis allows
+//! a script flagged `allow-cross-slot-keys` for the node's own slots), sent concurrently; a
+//! node that fails, or a cell whose slot moved, fails only its cells, which the next batch
+//! carries again. A decision's four keys share their window's slot, and a multi-limit
+//! decision's rollback goes key by key.
 
 mod link;
 
@@ -30,7 +32,7 @@ use redis::cluster_routing::{
 };
 use strata_core::WindowKeyRef;
 
-use link::{Link, slot};
+use link::Link;
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError, Replayed};
 
@@ -124,9 +126,9 @@ local function replay(cell, leases, used, acked, ttl, id, renewing)
   return n, renew(cell, leases, renewing)
 end
 local out = {}
-for i = 1, #KEYS / 2 do
-  local a = 5 * i - 2
-  local ok, n, renewed = pcall(replay, KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+for i = 1, #keys / 2 do
+  local a = 5 * i - 2 + first
+  local ok, n, renewed = pcall(replay, keys[2 * i - 1], keys[2 * i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
   if ok then
     out[2 * i - 1] = n
     out[2 * i] = renewed
@@ -136,6 +138,22 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
+"#;
+
+/// Where the replay script finds its cells' keys on one Redis: `KEYS`, per cell the cell and
+/// its leases; the per-cell values start after ARGV's two.
+const KEYS_DECLARED_LUA: &str = r#"
+local keys, first = KEYS, 0
+"#;
+
+/// The same on a Redis Cluster node, for the cells of every slot it holds in one call: Redis
+/// allows undeclared keys of the node's own slots to a script that says so (a declared key
+/// must share its slot with the others, so only the first cell is declared, for routing).
+/// ARGV: instance, reserve ms, the number of keys, the keys, then the per-cell values.
+const KEYS_UNDECLARED_LUA: &str = r#"
+local n = tonumber(ARGV[3])
+local keys, first = {}, n + 1
+for i = 1, n do keys[i] = ARGV[3 + i] end
 "#;
 
 /// The origin decision for one window key, atomic in Redis: merges the caller's own counts,
@@ -325,6 +343,8 @@ pub struct RedisOrigin {
     link: Link,
     decide: redis::Script,
     replay: redis::Script,
+    /// The replay script for every cell of one cluster node (`KEYS_UNDECLARED_LUA`).
+    replay_node: redis::Script,
     roll_back: redis::Script,
 }
 
@@ -375,7 +395,10 @@ impl RedisOrigin {
         Self {
             link,
             decide: redis::Script::new(&format!("{MERGE_OWN_LUA}{DECIDE_LUA}")),
-            replay: redis::Script::new(&format!("{MERGE_OWN_LUA}{REPLAY_LUA}")),
+            replay: redis::Script::new(&format!("{MERGE_OWN_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}")),
+            replay_node: redis::Script::new(&format!(
+                "#!lua flags=allow-cross-slot-keys\n{MERGE_OWN_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
+            )),
             roll_back: redis::Script::new(ROLLBACK_LUA),
         }
     }
@@ -646,49 +669,39 @@ impl RedisOrigin {
             }
             Link::Cluster(c) => (c, c.conn().await.map_err(backend)?),
         };
-        // One pipeline per node, all at once: the script loaded, then one call per slot of that
-        // node (a script's keys must share a slot). A node whose pipeline fails fails only its
-        // cells: the next batch carries them again (after reading the slot map afresh), and the
-        // others are not sent twice; a repeated pipeline (the client follows a redirect by
-        // sending it again) counts nothing twice, since replays merge with max.
+        // One script call per node, all at once, for the cells of every slot it holds
+        // (`KEYS_UNDECLARED_LUA`). A node whose call fails fails only its cells: the next batch
+        // carries them again, after reading the slot map afresh, and the others are not sent
+        // twice; a call repeated (the client follows a redirect by sending it again) counts
+        // nothing twice, since replays merge with max. A cell the node did not hold (the map
+        // was stale) fails alone, the same way.
         let keys: Vec<String> = cells.iter().map(|c| cell_key(c.key, c.sequence)).collect();
         let groups = link
             .by_node(&mut conn.clone(), &keys)
             .await
             .map_err(backend)?;
-        let answers = join_all(groups.iter().map(|(slot, group)| {
+        let answers = join_all(groups.iter().map(|(_, group)| {
             let mut conn = conn.clone();
-            let per_slot: Vec<(Vec<usize>, Vec<CellUsed<'_>>)> = by_slot_of(&keys, group)
-                .into_iter()
-                .map(|ix| {
-                    let slot_cells = ix.iter().map(|&i| cells[i]).collect();
-                    (ix, slot_cells)
-                })
-                .collect();
-            let mut pipe = redis::pipe();
-            pipe.load_script(&self.replay);
-            for (_, slot_cells) in &per_slot {
-                pipe.invoke_script(&self.replay_invocation(instance, slot_cells, lease_ms));
+            let node_cells: Vec<CellUsed<'_>> = group.iter().map(|&i| cells[i]).collect();
+            let mut invocation = self.replay_node.prepare_invoke();
+            invocation
+                .key(&keys[group[0]])
+                .arg(instance)
+                .arg(strata_core::lease::reserved_until(0, lease_ms))
+                .arg(2 * group.len());
+            for &i in group {
+                invocation.arg(&keys[i]).arg(leases_of(&keys[i]));
+            }
+            for c in &node_cells {
+                replay_values(&mut invocation, c);
             }
             async move {
-                let values = conn
-                    .route_pipeline(pipe, 1, per_slot.len(), on_node_of(*slot))
+                let counts = invocation
+                    .invoke_async::<Vec<redis::Value>>(&mut conn)
                     .await
                     .map_err(backend)?;
-                // Each cell's result with its index in the batch.
-                let mut out = Vec::new();
-                for (value, (ix, slot_cells)) in values.into_iter().zip(&per_slot) {
-                    match value {
-                        redis::Value::Array(counts) => {
-                            out.extend(ix.iter().copied().zip(replayed(counts, slot_cells)?));
-                        }
-                        other => {
-                            tracing::warn!(error = ?other, cells = slot_cells.len(), "replay to one Redis Cluster slot failed");
-                            out.extend(ix.iter().map(|&i| (i, None)));
-                        }
-                    }
-                }
-                Ok::<_, OriginError>(out)
+                let results = replayed(counts, &node_cells)?;
+                Ok::<_, OriginError>(group.iter().copied().zip(results).collect::<Vec<_>>())
             }
         }))
         .await;
@@ -699,6 +712,10 @@ impl RedisOrigin {
             match answer {
                 Ok(results) => {
                     delivered = true;
+                    if results.iter().any(|(_, r)| r.is_none()) {
+                        // A cell failed alone: maybe its slot moved.
+                        link.forget_slots();
+                    }
                     for (i, r) in results {
                         out[i] = r;
                     }
@@ -731,14 +748,8 @@ impl RedisOrigin {
         for c in cells {
             let cell = cell_key(c.key, c.sequence);
             let leases = leases_of(&cell);
-            invocation
-                .key(cell)
-                .key(leases)
-                .arg(c.used)
-                .arg(c.acked)
-                .arg(c.key.duration().as_ms().saturating_mul(3))
-                .arg(c.release)
-                .arg(c.renew);
+            invocation.key(cell).key(leases);
+            replay_values(&mut invocation, c);
         }
         invocation
     }
@@ -783,13 +794,15 @@ async fn read_counts<C: ConnectionLike + Send>(
     Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
 }
 
-/// The indices in `group` grouped by the cluster slot of their key.
-fn by_slot_of(keys: &[String], group: &[usize]) -> Vec<Vec<usize>> {
-    let mut slots: std::collections::BTreeMap<u16, Vec<usize>> = std::collections::BTreeMap::new();
-    for &i in group {
-        slots.entry(slot(&keys[i])).or_default().push(i);
-    }
-    slots.into_values().collect()
+/// One cell's values in a replay call: its own cumulative count, the acknowledged count, the
+/// expiry (ms), the lease given back and the lease to renew.
+fn replay_values(invocation: &mut redis::ScriptInvocation<'_>, c: &CellUsed<'_>) {
+    invocation
+        .arg(c.used)
+        .arg(c.acked)
+        .arg(c.key.duration().as_ms().saturating_mul(3))
+        .arg(c.release)
+        .arg(c.renew);
 }
 
 /// Routes a pipeline to the primary that holds `slot`.

@@ -50,6 +50,28 @@ async fn one_each(http: &reqwest::Client, base: &str, keys: &[String], admitted:
     }
 }
 
+/// Polls `read` every 50 ms until it returns `want`; fails after `limit`, naming `what` and the
+/// last value read.
+async fn until_equal<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    want: T,
+    read: impl Fn() -> T,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = read();
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The Redis key of `identifier`'s current cell (workspace `default`, namespace `api`, 1 h).
 fn current_cell(identifier: &str) -> String {
     let key = WindowKeyRef::new(
@@ -135,15 +157,13 @@ async fn two_gateways_on_a_cluster_hold_a_burst_and_a_cold_key_of_limit_one() {
     );
     assert_eq!(admitted, LIMIT);
     // Every admitted request reaches the node that holds the key, once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count_in_redis(&cluster, &identifier) != LIMIT {
-        assert!(
-            Instant::now() < deadline,
-            "the cluster holds {} of {LIMIT}",
-            count_in_redis(&cluster, &identifier)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_equal(
+        "the burst key in Redis",
+        Duration::from_secs(10),
+        LIMIT,
+        || count_in_redis(&cluster, &identifier),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,15 +205,10 @@ async fn a_multi_limit_across_nodes_is_all_or_nothing() {
         wide_alone["remaining"], 3,
         "counted: the first multi and this request only"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count_in_redis(&cluster, &wide) != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "wide holds {}",
-            count_in_redis(&cluster, &wide)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_equal("wide in Redis", Duration::from_secs(10), 2, || {
+        count_in_redis(&cluster, &wide)
+    })
+    .await;
     assert_eq!(count_in_redis(&cluster, &narrow), 1);
 }
 
@@ -239,15 +254,13 @@ async fn a_gateway_starts_with_the_cluster_down_and_connects_when_it_comes_up() 
     }
     // The pass decided while the cluster was down reaches it too, with the next one.
     assert_eq!(ratelimit(&http, &g.base, &id, 10).await["success"], true);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count_in_redis(&cluster, &id) != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the cluster holds {} of the key's 2 passes",
-            count_in_redis(&cluster, &id)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_equal(
+        "the key's passes in Redis",
+        Duration::from_secs(10),
+        2,
+        || count_in_redis(&cluster, &id),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,11 +274,18 @@ async fn a_slot_moved_mid_run_loses_no_count() {
         one_each(&http, &g.base, &keys, &mut admitted).await;
     }
     // Every key's replays delivered, then its slot moves to another node.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while keys.iter().any(|id| count_in_redis(&cluster, id) != 3) {
-        assert!(Instant::now() < deadline, "replays not delivered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counts = || {
+        keys.iter()
+            .map(|id| count_in_redis(&cluster, id))
+            .collect::<Vec<_>>()
+    };
+    until_equal(
+        "counts before the move",
+        Duration::from_secs(10),
+        vec![3; keys.len()],
+        &counts,
+    )
+    .await;
     let cell = current_cell(&keys[0]);
     let from = cluster.node_of(&cell);
     cluster.move_slot(cluster.slot_of(&cell), (from + 1) % 3);
@@ -274,18 +294,13 @@ async fn a_slot_moved_mid_run_loses_no_count() {
         one_each(&http, &g.base, &keys, &mut admitted).await;
     }
     assert!(admitted.iter().all(|&n| n == 8), "{admitted:?}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let counts: Vec<u64> = keys.iter().map(|id| count_in_redis(&cluster, id)).collect();
-        if counts == admitted {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "counts {counts:?} against admitted {admitted:?} after a slot moved"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_equal(
+        "counts after a slot moved",
+        Duration::from_secs(10),
+        admitted,
+        &counts,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,31 +348,32 @@ async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_
             admitted
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let counts: Vec<(usize, u64)> = keys
-            .iter()
+    let placed = || {
+        keys.iter()
             .map(|id| {
                 (
                     cluster.node_of(&current_cell(id)),
                     count_in_redis(&cluster, id),
                 )
             })
-            .collect();
-        if counts
-            .iter()
-            .zip(&admitted)
-            .all(|(&(node, n), &a)| n == expected(node, a))
-        {
-            println!(
-                "after node {victim} restarted: counts per key (node, count) {counts:?}, admitted {admitted:?}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "counts per key (node, count) {counts:?} against admitted {admitted:?} (node {victim} restarted)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .collect::<Vec<_>>()
+    };
+    let want: Vec<(usize, u64)> = placed()
+        .iter()
+        .zip(&admitted)
+        .map(|(&(node, _), &a)| (node, expected(node, a)))
+        .collect();
+    until_equal(
+        &format!(
+            "counts per key (node, count) after node {victim} restarted, admitted {admitted:?}"
+        ),
+        Duration::from_secs(15),
+        want,
+        placed,
+    )
+    .await;
+    println!(
+        "after node {victim} restarted: counts per key (node, count) {:?}, admitted {admitted:?}",
+        placed()
+    );
 }

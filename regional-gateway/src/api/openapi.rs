@@ -83,15 +83,10 @@ impl Modify for BearerToken {
     }
 }
 
-/// The description as the gateway serves it and `docs/openapi.json` holds it.
-pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
-}
-
 /// This description (OpenAPI 3.1).
 #[utoipa::path(get, path = "/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 description of this API",
         content_type = "application/json")))]
 pub(super) async fn serve() -> Json<utoipa::openapi::OpenApi> {
-    Json(document())
+    Json(ApiDoc::openapi())
 }

@@ -26,6 +26,9 @@ pub mod mariadb;
 pub mod process;
 pub mod redis;
 
+#[allow(unused_imports)] // each test crate uses what it needs
+pub use process::{metric_sum, metrics};
+
 use redis::{RedisCluster, RedisServer};
 
 /// Which regional origin a gateway under test uses.
@@ -195,30 +198,11 @@ impl TestGateway {
     }
 }
 
-/// `GET <base>/metrics`: the Prometheus text of a gateway listening on a socket.
-pub async fn metrics(http: &reqwest::Client, base: &str) -> String {
-    http.get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// POSTs `body` as JSON to `url` (a running gateway); asserts a 200 and returns the answer.
 pub async fn post_json(http: &reqwest::Client, url: String, body: &Value) -> Value {
     let r = http.post(url).json(body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
-}
-
-/// The sum of the values of the metric lines `select` picks.
-pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && select(l))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// A gateway on `redis` whose origin calls time out after `origin_timeout`.

@@ -102,3 +102,22 @@ impl GatewayProcess {
         }
     }
 }
+
+/// `GET <base>/metrics`: the Prometheus text of a gateway listening on a socket.
+pub async fn metrics(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of the values of the metric lines `select` picks.
+pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && select(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

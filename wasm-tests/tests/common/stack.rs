@@ -94,19 +94,11 @@ impl Stack {
 
     /// The sum of the gateway's `/metrics` samples whose line starts with `prefix`.
     pub async fn gateway_metric(&self, prefix: &str) -> u64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.gateway()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        let text = super::process::metrics(&self.http, self.gateway()).await;
+        // Counter samples are whole numbers.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let sum = super::process::metric_sum(&text, |l| l.starts_with(prefix)) as u64;
+        sum
     }
 }
 

@@ -781,9 +781,9 @@ impl RedisOrigin {
     }
 }
 
-/// `HGET <key> n` for every key, in one pipeline (all in one slot on a cluster).
-async fn read_counts<C: ConnectionLike + Send>(
-    conn: &mut C,
+/// `HGET <key> n` for every key, in one pipeline, on one Redis.
+async fn read_counts(
+    conn: &mut redis::aio::ConnectionManager,
     keys: &[String],
 ) -> Result<Vec<u64>, OriginError> {
     let mut pipe = redis::pipe();

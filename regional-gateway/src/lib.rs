@@ -259,14 +259,28 @@ impl Cadence {
     }
 }
 
-/// Flush, sync and cleanup of the global table, each on its own cadence; errors are logged,
-/// counted and retried on the next tick. (`run` flushes a last time after the replay drain.)
+/// How long an early flush waits for other cells crossing the floor, to write them together.
+const EARLY_FLUSH_GATHER: Duration = Duration::from_millis(5);
+/// The least time between two flushes when one is early: a stream of cells crossing the floor
+/// costs at most two statements a second more.
+const EARLY_FLUSH_SPACING: Duration = Duration::from_millis(500);
+/// How often a gateway says its region publishes and counts the regions that do (two short
+/// statements); a region unseen for three times as long no longer shares the floor.
+const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Flush, sync and cleanup of the global table, each on its own cadence, and a flush soon after
+/// a cell becomes worth publishing (other regions should not wait a tick to learn of it);
+/// errors are logged, counted and retried on the next tick. (`run` flushes a last time after
+/// the replay drain.)
 async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
     let s = &gateway.settings;
     let start = tokio::time::Instant::now();
     let mut flush = Cadence::new(start, s.flush_interval, s.sync_jitter);
     let mut sync = Cadence::new(start, s.sync_interval, s.sync_jitter);
     let mut clean = Cadence::new(start, s.cleanup_interval, 0.0);
+    let mut announce = Cadence::new(start, ANNOUNCE_INTERVAL, s.sync_jitter);
+    announce.due = start;
+    let mut last_flush = start;
     let mut migrated = false;
     loop {
         let limiter = &gateway.limiter;
@@ -279,13 +293,34 @@ async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
                 if let Err(e) = global.flush_once(limiter.clock.now_ms()).await {
                     tracing::warn!(error = %e, "global flush failed; retrying next tick");
                 }
+                last_flush = tokio::time::Instant::now();
                 flush.advance();
+            }
+            _ = global.publish_soon.notified() => {
+                let at = (last_flush + EARLY_FLUSH_SPACING)
+                    .max(tokio::time::Instant::now() + EARLY_FLUSH_GATHER);
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = stopped.changed() => break,
+                }
+                if let Err(e) = global.flush_once(limiter.clock.now_ms()).await {
+                    tracing::warn!(error = %e, "early global flush failed; retrying next tick");
+                }
+                last_flush = tokio::time::Instant::now();
             }
             _ = tokio::time::sleep_until(sync.due) => {
                 if let Err(e) = global.sync_once(&limiter.local, limiter.clock.now_ms()).await {
                     tracing::warn!(error = %e, "global sync failed; retrying next tick");
                 }
                 sync.advance();
+            }
+            _ = tokio::time::sleep_until(announce.due), if migrated => {
+                let live_ms = 3 * u64::try_from(ANNOUNCE_INTERVAL.as_millis()).unwrap_or(u64::MAX);
+                match global.announce(limiter.clock.now_ms(), live_ms).await {
+                    Ok(regions) => tracing::debug!(regions, "regions sharing the publish floor"),
+                    Err(e) => tracing::warn!(error = %e, "announcing the region failed"),
+                }
+                announce.advance();
             }
             _ = tokio::time::sleep_until(clean.due) => {
                 match global.store.cleanup(limiter.clock.now_ms(), 1_000, 10).await {

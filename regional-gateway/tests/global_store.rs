@@ -109,6 +109,7 @@ on_both_dialects!(
     keys_differing_in_case_are_distinct_rows,
     keys_are_compared_byte_for_byte,
     large_flushes_go_in_chunks,
+    regions_announce_themselves_and_go_stale,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_refuses(store: &Store) {
@@ -270,4 +271,33 @@ async fn large_flushes_go_in_chunks(store: &Store) {
     sort_flush_rows(&mut rows);
     assert_eq!(store.flush(&eu, &rows, NOW).await.unwrap(), 2_500);
     assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 2_500);
+}
+
+async fn regions_announce_themselves_and_go_stale(store: &Store) {
+    store.migrate().await.unwrap();
+    let (eu, us, ap) = (
+        Region::new("eu").unwrap(),
+        Region::new("us").unwrap(),
+        Region::new("ap").unwrap(),
+    );
+    assert_eq!(store.announce(&eu, NOW, NOW - 30_000).await.unwrap(), 1);
+    assert_eq!(store.announce(&us, NOW + 1, NOW - 30_000).await.unwrap(), 2);
+    // Twice from one region counts once; an older time never lowers a newer one.
+    assert_eq!(store.announce(&eu, NOW + 2, NOW - 30_000).await.unwrap(), 2);
+    assert_eq!(store.announce(&ap, NOW + 3, NOW - 30_000).await.unwrap(), 3);
+    assert_eq!(
+        store
+            .announce(&us, NOW - 50_000, NOW - 30_000)
+            .await
+            .unwrap(),
+        3
+    );
+    // 40 s on, the others were last seen more than 30 s before: only the announcer is live.
+    assert_eq!(
+        store
+            .announce(&ap, NOW + 40_000, NOW + 10_000)
+            .await
+            .unwrap(),
+        1
+    );
 }

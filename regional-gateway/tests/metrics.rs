@@ -82,11 +82,13 @@ fn expected() -> BTreeSet<String> {
         "strata_global_write_errors_total",
         "strata_global_rows_written_total",
         "strata_global_sync_rows_applied_total",
+        "strata_global_syncs_total",
         "strata_global_sync_errors_total",
         "strata_global_entries_created_total",
         "strata_global_rows_last_poll",
         "strata_global_unpublished_dropped_total",
         "strata_global_breaker_open",
+        "strata_global_regions",
     ] {
         all.insert(name.to_string());
     }

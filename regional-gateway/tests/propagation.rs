@@ -1,5 +1,7 @@
-//! How long one region's usage takes to reach another's decisions, under steady load, with the
-//! default intervals (flush 5 s, sync 5 s, jitter 0.2) on a simulated clock: from the moment a
+//! How long one region's usage takes to reach another's decisions, under steady load, with
+//! flush and sync every 5 s (slower than the defaults; jitter 0.2) on a simulated clock, the
+//! loops driven by the test itself (the gateway's own, early flushes included, are measured
+//! on real processes by the accuracy lab, `docs/LAB.md`): from the moment a
 //! key's count in region eu crosses the publish floor to the first us sync that imports it.
 //! Prints p50 / p95 / max and the SQL statements and rows per second per gateway.
 

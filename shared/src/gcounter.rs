@@ -139,6 +139,18 @@ impl PublishPolicy {
         f64::from(self.floor_ppm) / PPM as f64
     }
 
+    /// The policy each of `regions` live regions publishes by: the floor divided among them,
+    /// so a client spreading its traffic over every region is published (and every region then
+    /// publishes the cell in full, as published elsewhere) before the regions together hold
+    /// more than the floor unseen. With the reference's per-region floor, ten regions could
+    /// each stay under it and admit ten floors' worth between them.
+    pub fn shared_by(&self, regions: u64) -> Self {
+        let regions = u32::try_from(regions.max(1)).unwrap_or(u32::MAX);
+        Self {
+            floor_ppm: self.floor_ppm / regions,
+        }
+    }
+
     /// The count at which a cell becomes worth publishing: `ceil(floor * limit)`.
     pub fn threshold(&self, limit: u64) -> u64 {
         let scaled = u128::from(limit) * u128::from(self.floor_ppm);
@@ -154,6 +166,13 @@ impl PublishPolicy {
         let regional = cell.counts.regional;
         regional > cell.last_flushed
             && (regional >= self.threshold(limit) || cell.counts.global > 0)
+    }
+
+    /// Whether a cell is worth a flush now rather than at the next tick: it is publishable
+    /// and this region never wrote it, so the other regions know nothing of it yet (it just
+    /// crossed the floor, or another region holds it). Later growth waits for the tick.
+    pub fn publish_early(&self, cell: &CellState, limit: u64) -> bool {
+        cell.last_flushed == 0 && self.should_publish(cell, limit)
     }
 }
 
@@ -211,6 +230,35 @@ mod tests {
     fn a_cell_another_region_published_is_written_below_the_floor() {
         let p = PublishPolicy::default();
         assert!(p.should_publish(&cell(1, 30, 0), 100));
+    }
+
+    #[test]
+    fn the_floor_is_divided_among_the_live_regions() {
+        let p = PublishPolicy::default();
+        assert_eq!(p.shared_by(0), p, "no region seen yet: this one alone");
+        assert_eq!(p.shared_by(1), p);
+        assert_eq!(p.shared_by(10).threshold(1_000), 20);
+        assert_eq!(p.shared_by(3).threshold(1_000), 67, "rounded up");
+        // Ten regions each just under their share hold at most the floor together.
+        let ten = p.shared_by(10);
+        assert!(!ten.should_publish(&cell(19, 0, 0), 1_000));
+        assert!(10 * 19 < p.threshold(1_000));
+        assert_eq!(p.shared_by(u64::MAX).threshold(1_000), 0);
+    }
+
+    #[test]
+    fn only_a_first_write_is_early() {
+        let p = PublishPolicy::default();
+        assert!(!p.publish_early(&cell(19, 0, 0), 100), "under the floor");
+        assert!(p.publish_early(&cell(20, 0, 0), 100), "crossed it");
+        assert!(
+            p.publish_early(&cell(1, 30, 0), 100),
+            "another region holds it"
+        );
+        assert!(
+            !p.publish_early(&cell(60, 0, 20), 100),
+            "written before: the tick"
+        );
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct GlobalMetrics {
     pub rows_written: Counter,
     /// Sync rows applied.
     pub sync_rows_applied: Counter,
+    /// Syncs that succeeded.
+    pub syncs: Counter,
     /// Syncs that failed.
     pub sync_errors: Counter,
     /// Local entries created by a sync (keys this gateway had not seen).
@@ -34,6 +36,7 @@ pub struct GlobalMetrics {
     pub rows_last_poll: Gauge,
     unpublished_dropped: Counter,
     breaker_open: Gauge,
+    regions: Gauge,
 }
 
 /// The region's counts as this gateway knows them, and the imported components.
@@ -48,6 +51,11 @@ pub struct Global {
     pub metrics: GlobalMetrics,
     /// A sick database fails fast instead of stalling every tick on its timeout.
     breaker: crate::breaker::Breaker,
+    /// Woken when a cell becomes worth publishing before the next tick
+    /// ([`PublishPolicy::publish_early`]); the flush loop waits on it.
+    pub publish_soon: tokio::sync::Notify,
+    /// Regions seen publishing lately (at least this one): the floor is divided among them.
+    regions: std::sync::atomic::AtomicU64,
 }
 
 /// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
@@ -85,6 +93,39 @@ impl Global {
             )),
             metrics: GlobalMetrics::default(),
             breaker: crate::breaker::Breaker::default(),
+            publish_soon: tokio::sync::Notify::new(),
+            regions: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// The policy this region publishes by now: the floor shared by the live regions.
+    fn policy(&self) -> PublishPolicy {
+        self.policy.shared_by(self.regions.load(Ordering::Relaxed))
+    }
+
+    /// Regions seen publishing lately, this one included.
+    pub fn regions(&self) -> u64 {
+        self.regions.load(Ordering::Relaxed)
+    }
+
+    /// Says this region publishes, and learns how many regions did within `live_ms`.
+    pub async fn announce(&self, now_ms: u64, live_ms: u64) -> Result<u64, StoreError> {
+        let since = now_ms.saturating_sub(live_ms);
+        let regions = self
+            .guarded(self.store.announce(&self.region, now_ms, since))
+            .await?;
+        self.regions.store(regions, Ordering::Relaxed);
+        Ok(regions)
+    }
+
+    /// Wakes the flush loop if cell `sequence` of `state` should be written before the next
+    /// tick.
+    fn publish_early(&self, state: &strata_core::WindowState, sequence: u64) {
+        if state
+            .cell(sequence)
+            .is_some_and(|c| self.policy().publish_early(c, state.limit()))
+        {
+            self.publish_soon.notify_one();
         }
     }
 
@@ -128,7 +169,9 @@ impl Global {
         if let Some(limit) = limit {
             state.observe_limit(limit);
         }
-        answered(state, sequence, regional)
+        let counts = answered(state, sequence, regional);
+        self.publish_early(state, sequence);
+        counts
     }
 
     /// [`record_cell`](Self::record_cell) for both cells of an origin decision, in one lookup:
@@ -145,10 +188,12 @@ impl Global {
         let state = view.entry(key, now_ms);
         state.roll(key.duration(), now_ms);
         state.observe_limit(limit);
-        (
+        let counts = (
             answered(state, sequence, regional[0]),
             answered(state, sequence.saturating_sub(1), regional[1]),
-        )
+        );
+        self.publish_early(state, sequence);
+        counts
     }
 
     /// What an origin decision adds to its own counts of window `sequence` and the one
@@ -180,7 +225,7 @@ impl Global {
 
     /// Writes the cells worth publishing; commits them as flushed only once written.
     pub async fn flush_once(&self, now_ms: u64) -> Result<u64, StoreError> {
-        let rows = self.view().flush_candidates(&self.policy, now_ms);
+        let rows = self.view().flush_candidates(&self.policy(), now_ms);
         if rows.is_empty() {
             return Ok(0);
         }
@@ -226,6 +271,7 @@ impl Global {
             }
         }
         self.metrics.sync_rows_applied.inc_by(rows.len() as u64);
+        self.metrics.syncs.inc();
         Ok(rows.len())
     }
 
@@ -249,6 +295,7 @@ impl Global {
                 "Sync rows applied to local memory",
                 &m.sync_rows_applied,
             ),
+            ("syncs", "Syncs that succeeded", &m.syncs),
             ("sync_errors", "Syncs that failed", &m.sync_errors),
             (
                 "entries_created",
@@ -273,6 +320,11 @@ impl Global {
             "1 while the database breaker refuses calls",
             m.breaker_open.clone(),
         );
+        r.register(
+            "strata_global_regions",
+            "Regions seen publishing lately, which share the publish floor",
+            m.regions.clone(),
+        );
     }
 
     /// Copies in the values the view and the breaker own, before a scrape.
@@ -282,5 +334,7 @@ impl Global {
             .inner()
             .store(self.view().stats().unpublished_lost, Ordering::Relaxed);
         m.breaker_open.set(i64::from(self.breaker_open()));
+        m.regions
+            .set(i64::try_from(self.regions()).unwrap_or(i64::MAX));
     }
 }

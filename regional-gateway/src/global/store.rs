@@ -11,14 +11,16 @@ use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 
 /// The newest schema this binary knows.
-pub const SCHEMA_VERSION: i64 = 2;
-const MYSQL: [&str; 2] = [
+pub const SCHEMA_VERSION: i64 = 3;
+const MYSQL: [&str; 3] = [
     include_str!("../../../migrations/mysql/0001_window_counts.sql"),
     include_str!("../../../migrations/mysql/0002_no_pad_keys.sql"),
+    include_str!("../../../migrations/mysql/0003_regions.sql"),
 ];
-const SQLITE: [&str; 2] = [
+const SQLITE: [&str; 3] = [
     include_str!("../../../migrations/sqlite/0001_window_counts.sql"),
     include_str!("../../../migrations/sqlite/0002_no_pad_keys.sql"),
+    include_str!("../../../migrations/sqlite/0003_regions.sql"),
 ];
 /// Rows per upsert statement: 9 placeholders each, far under MySQL's 65,535 and SQLite's
 /// 32,766 placeholders per statement.
@@ -307,6 +309,52 @@ impl Store {
                 })
             })
             .collect())
+    }
+
+    /// Records that `region` publishes, at `now_ms`, and returns how many regions did since
+    /// `since_ms` (this one included).
+    pub async fn announce(
+        &self,
+        region: &Region,
+        now_ms: u64,
+        since_ms: u64,
+    ) -> Result<u64, StoreError> {
+        let count = "SELECT COUNT(*) FROM ratelimit_regions WHERE seen_at >= ?";
+        let live: i64 = match self {
+            Store::MySql(p) => {
+                sqlx::query(
+                    "INSERT INTO ratelimit_regions (region, seen_at) VALUES (?, ?) \
+                     ON DUPLICATE KEY UPDATE seen_at = GREATEST(seen_at, VALUES(seen_at))",
+                )
+                .bind(region.as_str())
+                .bind(now_ms)
+                .execute(p)
+                .await
+                .map_err(query)?;
+                sqlx::query_scalar(count)
+                    .bind(since_ms)
+                    .fetch_one(p)
+                    .await
+                    .map_err(query)?
+            }
+            Store::Sqlite(p) => {
+                sqlx::query(
+                    "INSERT INTO ratelimit_regions (region, seen_at) VALUES (?, ?) \
+                     ON CONFLICT (region) DO UPDATE SET seen_at = MAX(seen_at, excluded.seen_at)",
+                )
+                .bind(region.as_str())
+                .bind(signed(now_ms))
+                .execute(p)
+                .await
+                .map_err(query)?;
+                sqlx::query_scalar(count)
+                    .bind(signed(since_ms))
+                    .fetch_one(p)
+                    .await
+                    .map_err(query)?
+            }
+        };
+        Ok(unsigned(live).max(1))
     }
 
     /// Deletes rows whose cells expired at `now_ms`, at most `batch` per statement and

@@ -1,0 +1,123 @@
+//! `strata-lab <scenario>...`: runs scenarios on real gateway processes and prints their
+//! figures; `strata-lab list` names them, `all` runs every one, `quick` the test command's.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use strata_lab::scenario::{self, QUICK};
+use strata_lab::stack::StackOptions;
+use strata_lab::{Options, report::Report};
+
+/// The Strata accuracy lab: regions of real gateway processes on loopback, driven and measured.
+#[derive(Debug, Parser)]
+#[command(name = "strata-lab")]
+struct Cli {
+    /// Scenario names, `all` (every scenario), `quick` (the test command's, shortened) or
+    /// `list`.
+    #[arg(required = true)]
+    scenarios: Vec<String>,
+    /// Run the scenarios with their traffic shortened (the test command's run).
+    #[arg(long)]
+    quick: bool,
+    /// Where the JSON results and SVG plots are written.
+    #[arg(long, default_value = "lab-results")]
+    out: PathBuf,
+    /// The gateway binary [default: strata-gateway beside this binary].
+    #[arg(long)]
+    gateway: Option<PathBuf>,
+    /// An argument for every gateway (repeat it: `--gateway-arg=--flush-interval=1s`).
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    gateway_args: Vec<String>,
+    /// The global store on a MySQL/MariaDB server (`mysql://root@127.0.0.1:3306`; the lab
+    /// creates a database per run and drops it) instead of an SQLite file.
+    #[arg(long)]
+    mysql: Option<String>,
+    /// The publish floor the gateways run with, where the propagation delay is measured from.
+    #[arg(long, default_value_t = 0.2)]
+    floor: f64,
+}
+
+fn default_gateway() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("strata-gateway")))
+        .unwrap_or_else(|| PathBuf::from("strata-gateway"))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut names: Vec<String> = Vec::new();
+    let mut quick = cli.quick;
+    for name in &cli.scenarios {
+        match name.as_str() {
+            "list" => {
+                // A closed pipe (`| head`) ends the listing quietly.
+                let mut out = std::io::stdout().lock();
+                for s in scenario::all() {
+                    let line = format!("{:<16} {}\n{:<16} {}", s.name, s.about, "", s.parameters());
+                    if writeln!(out, "{line}").is_err() {
+                        break;
+                    }
+                }
+                return ExitCode::SUCCESS;
+            }
+            "all" => names.extend(scenario::all().iter().map(|s| s.name.to_string())),
+            "quick" => {
+                quick = true;
+                names.extend(QUICK.iter().map(|s| s.to_string()));
+            }
+            other => names.push(other.to_string()),
+        }
+    }
+    let mut scenarios = Vec::new();
+    for name in &names {
+        match scenario::named(name, quick) {
+            Some(s) => scenarios.push(s),
+            None => {
+                eprintln!("strata-lab: no scenario named {name:?} (strata-lab list names them)");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let gateway = cli.gateway.unwrap_or_else(default_gateway);
+    if !gateway.exists() {
+        eprintln!(
+            "strata-lab: {} is missing: build it (cargo build --release -p strata-gateway) or pass --gateway",
+            gateway.display()
+        );
+        return ExitCode::from(2);
+    }
+    let options = Options {
+        stack: StackOptions {
+            gateway,
+            gateway_args: cli.gateway_args,
+            mysql: cli.mysql,
+        },
+        out: cli.out,
+        floor: cli.floor,
+    };
+    let mut rows = Vec::new();
+    for s in scenarios {
+        eprintln!("==> {}: {}\n    {}", s.name, s.about, s.parameters());
+        match strata_lab::run(s, &options).await {
+            Ok(report) => {
+                eprintln!("{}\n{}", Report::header(), report.row());
+                rows.push(report.row());
+            }
+            Err(e) => {
+                eprintln!("strata-lab: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!("{}", Report::header());
+    for row in rows {
+        println!("{row}");
+    }
+    println!("results and plots in {}", options.out.display());
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,129 @@
+//! What the stores and the processes did, read before and after a run: Redis commands
+//! (`INFO commandstats`), SQL statements and origin calls (each gateway's `/metrics`), gateway CPU
+//! time and resident memory (`/proc`).
+
+use crate::stack::Stack;
+
+/// One reading of every counter the figures difference.
+#[derive(Clone, Debug, Default)]
+pub struct Reading {
+    /// Commands run by every region's Redis.
+    pub redis_commands: u64,
+    /// SQL statements every gateway issued (flushes and syncs, failed ones included).
+    pub sql_statements: f64,
+    /// Of those, the ones that failed.
+    pub sql_errors: f64,
+    /// Origin calls (decisions, reads, replay batches) every gateway made.
+    pub origin_calls: f64,
+    /// CPU seconds the gateways used (user + system).
+    pub cpu_seconds: f64,
+    /// Each gateway's resident memory, KiB.
+    pub rss_kib: Vec<u64>,
+}
+
+/// The sum of the values of the metric lines whose name is `name` (labels and all).
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// User + system CPU ticks of process `pid`.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(14) + field(15)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Reads every counter now.
+pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
+    let ticks = clock_ticks();
+    let mut reading = Reading {
+        redis_commands: stack.regions.iter().map(|r| r.redis.commands()).sum(),
+        ..Reading::default()
+    };
+    for (_, g) in stack.gateways() {
+        let text = match http.get(format!("{}/metrics", g.base)).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        reading.sql_statements += [
+            "strata_global_writes_total",
+            "strata_global_write_errors_total",
+            "strata_global_syncs_total",
+            "strata_global_sync_errors_total",
+        ]
+        .iter()
+        .map(|name| metric_sum(&text, name))
+        .sum::<f64>();
+        reading.sql_errors += [
+            "strata_global_write_errors_total",
+            "strata_global_sync_errors_total",
+        ]
+        .iter()
+        .map(|name| metric_sum(&text, name))
+        .sum::<f64>();
+        reading.origin_calls += metric_sum(&text, "strata_origin_calls_total");
+        reading.cpu_seconds += cpu_ticks(g.pid()) as f64 / ticks;
+        reading.rss_kib.push(rss_kib(g.pid()));
+    }
+    reading
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sum_matches_the_name_exactly() {
+        let text = "# TYPE x counter\nstrata_global_writes_total 3\nstrata_global_writes_total_x 9\nstrata_origin_calls_total{kind=\"decide\"} 2\nstrata_origin_calls_total{kind=\"read\"} 5\n";
+        assert_eq!(metric_sum(text, "strata_global_writes_total"), 3.0);
+        assert_eq!(metric_sum(text, "strata_origin_calls_total"), 7.0);
+        assert_eq!(metric_sum(text, "strata_global_syncs_total"), 0.0);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let pid = std::process::id();
+        let spin: u64 = (0..5_000_000_u64).fold(0, |a, b| a.wrapping_add(b * b));
+        assert!(spin > 0);
+        assert!(rss_kib(pid) > 0);
+        assert!(cpu_ticks(pid) > 0);
+    }
+}

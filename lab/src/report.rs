@@ -1,0 +1,192 @@
+//! A run's report: the figures and what they cost, as a table row, a JSON document
+//! (`<out>/<scenario>.json`) and a plot (`<out>/<scenario>.svg`).
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::analysis::{Figures, Spread};
+use crate::probe::Reading;
+use crate::scenario::Scenario;
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub scenario: String,
+    pub parameters: String,
+    pub gateway_args: Vec<String>,
+    pub figures: Figures,
+    pub limit_rate: f64,
+    pub seconds: f64,
+    pub redis_commands_per_1000: f64,
+    pub origin_calls_per_1000: f64,
+    pub sql_statements_per_gateway_second: f64,
+    pub sql_statements_per_1000: f64,
+    /// Flushes and syncs that failed (the SQL fault).
+    pub sql_errors: f64,
+    pub gateway_cpu_seconds: f64,
+    pub gateway_rss_mib_max: f64,
+    /// Resident memory the gateways grew by, per window key they held.
+    pub bytes_per_window: f64,
+}
+
+fn per_1000(n: f64, requests: u64) -> f64 {
+    if requests == 0 {
+        0.0
+    } else {
+        n * 1_000.0 / requests as f64
+    }
+}
+
+impl Report {
+    pub fn new(
+        s: &Scenario,
+        gateway_args: &[String],
+        figures: Figures,
+        before: &Reading,
+        after: &Reading,
+        windows_held: usize,
+        polled: u64,
+    ) -> Self {
+        let requests = figures.offered;
+        let gateways = (s.regions * s.gateways).max(1) as f64;
+        let grown: u64 = after
+            .rss_kib
+            .iter()
+            .zip(&before.rss_kib)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .sum();
+        Self {
+            scenario: s.name.to_string(),
+            parameters: s.parameters(),
+            gateway_args: gateway_args.to_vec(),
+            limit_rate: s.limit_rate(),
+            seconds: s.seconds,
+            redis_commands_per_1000: per_1000(
+                after
+                    .redis_commands
+                    .saturating_sub(before.redis_commands)
+                    .saturating_sub(polled) as f64,
+                requests,
+            ),
+            origin_calls_per_1000: per_1000(
+                (after.origin_calls - before.origin_calls - polled as f64).max(0.0),
+                requests,
+            ),
+            sql_statements_per_gateway_second: (after.sql_statements - before.sql_statements)
+                / gateways
+                / s.seconds,
+            sql_statements_per_1000: per_1000(
+                after.sql_statements - before.sql_statements,
+                requests,
+            ),
+            sql_errors: after.sql_errors - before.sql_errors,
+            gateway_cpu_seconds: after.cpu_seconds - before.cpu_seconds,
+            gateway_rss_mib_max: after.rss_kib.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
+            bytes_per_window: if windows_held == 0 {
+                0.0
+            } else {
+                grown as f64 * 1024.0 / windows_held as f64
+            },
+            figures,
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let f = &self.figures;
+        let spread = |s: &Option<Spread>| {
+            s.map_or(
+                Value::Null,
+                |s| json!({"n": s.n, "p50": s.p50, "p95": s.p95, "max": s.max}),
+            )
+        };
+        json!({
+            "scenario": self.scenario,
+            "parameters": self.parameters,
+            "gateway_args": self.gateway_args,
+            "seconds": self.seconds,
+            "limit_rate": self.limit_rate,
+            "figures": {
+                "offered": f.offered,
+                "admitted": f.admitted,
+                "denied": f.denied,
+                "errors": f.errors,
+                "allowed": f.allowed,
+                "admitted_over_allowed": f.ratio(),
+                "worst_window": f.worst_window,
+                "wrongly_denied": f.wrongly_denied,
+                "wrongly_admitted": f.wrongly_admitted,
+                "propagation_ms": spread(&f.propagation_ms),
+                "never_seen": f.never_seen,
+                "redis_commands_per_1000": self.redis_commands_per_1000,
+                "origin_calls_per_1000": self.origin_calls_per_1000,
+                "sql_statements_per_gateway_second": self.sql_statements_per_gateway_second,
+                "sql_statements_per_1000": self.sql_statements_per_1000,
+                "sql_errors": self.sql_errors,
+                "gateway_cpu_seconds": self.gateway_cpu_seconds,
+                "gateway_rss_mib_max": self.gateway_rss_mib_max,
+                "bytes_per_window": self.bytes_per_window,
+            },
+            "admitted_per_second": f.admitted_per_second,
+        })
+    }
+
+    /// Writes `<out>/<scenario>.json` and `<out>/<scenario>.svg`.
+    pub fn write(&self, out: &Path, s: &Scenario) -> crate::Result<()> {
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let json = out.join(format!("{}.json", self.scenario));
+        let text = serde_json::to_string_pretty(&self.to_json()).map_err(|e| e.to_string())?;
+        std::fs::write(&json, text + "\n").map_err(|e| format!("{}: {e}", json.display()))?;
+        let svg = out.join(format!("{}.svg", self.scenario));
+        let chart = crate::plot::chart(
+            s.name,
+            s.about,
+            &self.figures.admitted_per_second,
+            self.limit_rate,
+        );
+        std::fs::write(&svg, chart).map_err(|e| format!("{}: {e}", svg.display()))?;
+        Ok(())
+    }
+
+    /// The table's header.
+    pub fn header() -> String {
+        format!(
+            "{:<16} {:>8} {:>9} {:>7} {:>7} {:>7} {:>20} {:>9} {:>9} {:>8} {:>6} {:>6}",
+            "scenario",
+            "offered",
+            "adm/allow",
+            "worst",
+            "wr.deny",
+            "wr.adm",
+            "propag. p50/p95/max s",
+            "redis/1k",
+            "origin/1k",
+            "sql/gw/s",
+            "cpu s",
+            "rss MB"
+        )
+    }
+
+    /// The run as a table row.
+    pub fn row(&self) -> String {
+        let f = &self.figures;
+        let propagation = f.propagation_ms.map_or("-".to_string(), |p| {
+            format!("{:.1}/{:.1}/{:.1}", p.p50 / 1e3, p.p95 / 1e3, p.max / 1e3)
+        });
+        format!(
+            "{:<16} {:>8} {:>9.3} {:>7.2} {:>7} {:>7} {:>20} {:>9.1} {:>9.1} {:>8.2} {:>6.1} {:>6.0}",
+            self.scenario,
+            f.offered,
+            f.ratio(),
+            f.worst_window,
+            f.wrongly_denied,
+            f.wrongly_admitted,
+            propagation,
+            self.redis_commands_per_1000,
+            self.origin_calls_per_1000,
+            self.sql_statements_per_gateway_second,
+            self.gateway_cpu_seconds,
+            self.gateway_rss_mib_max
+        )
+    }
+}

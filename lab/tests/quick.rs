@@ -1,0 +1,97 @@
+//! The test command's lab run: `strata-lab quick` on real gateway processes (five in one region
+//! under a burst and at the limit; two regions splitting 10x the limit), its figures held to the
+//! bounds measured on this machine, with a margin for a noisy one. A regression in accuracy
+//! fails here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+// The bounds: the targets where the run meets them with room (measured on this
+// 2-core machine: docs/LAB.md), otherwise what was measured plus a margin.
+/// Five gateways, a 20x burst: the worst window over the limit (measured 1.00).
+const BURST_WORST: f64 = 1.05;
+/// Five gateways paced at the limit: admitted over what an exact limiter admits (measured
+/// 0.998-1.000).
+const PACED_OVER: f64 = 1.01;
+const PACED_UNDER: f64 = 0.95;
+/// Two regions, 10x split evenly: the worst window (measured 1.00).
+const SPLIT_WORST: f64 = 1.25;
+/// ...and how long a region takes to see the other's count, p95 (measured 1.4 s).
+const SPLIT_P95_MS: f64 = 2_500.0;
+
+fn figures(out: &Path, scenario: &str) -> serde_json::Value {
+    let path = out.join(format!("{scenario}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let svg = std::fs::read_to_string(out.join(format!("{scenario}.svg"))).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "{scenario}.svg"
+    );
+    println!("{scenario}: {}", report["figures"]);
+    report["figures"].clone()
+}
+
+fn number(f: &serde_json::Value, name: &str) -> f64 {
+    f[name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name} missing in {f}"))
+}
+
+#[test]
+fn the_quick_lab_run_stays_within_its_bounds() {
+    let lab = PathBuf::from(env!("CARGO_BIN_EXE_strata-lab"));
+    let gateway = lab.with_file_name("strata-gateway");
+    assert!(
+        gateway.exists(),
+        "{} is missing: cargo test --workspace builds it",
+        gateway.display()
+    );
+    let out = std::env::temp_dir().join(format!("strata-lab-quick-{}", std::process::id()));
+    let status = Command::new(&lab)
+        .arg("quick")
+        .arg("--gateway")
+        .arg(&gateway)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "strata-lab quick failed: {status}");
+
+    // One region, five gateways, 20x the limit within a second.
+    let burst = figures(&out, "five-burst");
+    assert_eq!(number(&burst, "errors"), 0.0);
+    assert!(number(&burst, "offered") >= 1_900.0);
+    assert!(number(&burst, "worst_window") <= BURST_WORST, "{burst}");
+    assert!(number(&burst, "admitted_over_allowed") >= 0.95, "{burst}");
+
+    // One region, five gateways, paced at the limit.
+    let paced = figures(&out, "five-paced");
+    assert_eq!(number(&paced, "errors"), 0.0);
+    assert!(
+        number(&paced, "admitted_over_allowed") <= PACED_OVER,
+        "{paced}"
+    );
+    assert!(
+        number(&paced, "admitted_over_allowed") >= PACED_UNDER,
+        "{paced}"
+    );
+
+    // Two regions, 10x the limit split evenly: the regions see each other.
+    let split = figures(&out, "two-split-10x");
+    assert_eq!(number(&split, "errors"), 0.0);
+    assert!(number(&split, "worst_window") <= SPLIT_WORST, "{split}");
+    assert!(
+        split["propagation_ms"]["p95"]
+            .as_f64()
+            .is_some_and(|p95| p95 <= SPLIT_P95_MS),
+        "{split}"
+    );
+    assert!(
+        number(&split, "sql_statements_per_gateway_second") <= 5.0,
+        "{split}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -123,7 +123,7 @@ fn shares(shares: &[f64]) -> String {
         .iter()
         .enumerate()
         .filter(|(_, s)| **s > 0.0)
-        .map(|(i, s)| format!("r{i} {:.0}%", s * 100.0))
+        .map(|(i, s)| format!("r{i} {:.1}%", s * 100.0))
         .collect();
     named.join(", ")
 }
@@ -174,8 +174,9 @@ fn with_load(mut s: Scenario, phases: &[(f64, f64, f64, Vec<f64>)]) -> Scenario 
 }
 
 fn single(name: &'static str, about: &'static str, x: f64) -> Scenario {
-    let s = base(name, about, 1, 1);
-    with_load(s, &[(0.0, 30.0, x, even(1))])
+    let mut s = base(name, about, 1, 1);
+    s.seconds = 20.0;
+    with_load(s, &[(0.0, 20.0, x, even(1))])
 }
 
 /// `regions` regions of one gateway each, a limit of `limit` a minute, `seconds` long, each
@@ -272,6 +273,20 @@ pub fn all() -> Vec<Scenario> {
         "ten regions, traffic spread evenly, each region at twice the publish floor (40% of the limit per window)",
         0.40,
     ));
+
+    // One hot region at 3x the limit beside nine quiet ones each just under its share of the
+    // floor (2% of the limit per window with ten regions): the shared floor's worst case,
+    // unless the hot region's row makes the quiet ones publish (published elsewhere).
+    let mut shares = vec![0.019 / 3.019; 10];
+    shares[0] = 3.0 / 3.019;
+    let hot = per_minute(
+        "ten-hot-one",
+        "ten regions, one hot at 3x the limit, nine quiet each just under its share of the floor",
+        10,
+        1_000,
+        90.0,
+    );
+    v.push(with_load(hot, &[(0.0, 90.0, 3.0 + 9.0 * 0.019, shares)]));
 
     let mut many = base(
         "many-keys",

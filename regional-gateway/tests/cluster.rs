@@ -21,7 +21,10 @@ use strata_core::{WindowDuration, WindowKeyRef};
 use strata_gateway::origin::redis::cell_key;
 use tokio::sync::Barrier;
 
-const HOUR_MS: u64 = 3_600_000;
+/// The window of every limit here: the longest there is (30 days), so a run never crosses a
+/// window boundary (with 1 h windows a run at hh:59:55 read the next hour's cell, which held only
+/// the requests sent after the boundary, and failed).
+const WINDOW_MS: u64 = 30 * 24 * 3_600_000;
 
 async fn start(cluster: &RedisCluster, http: &reqwest::Client, extra: &[&str]) -> GatewayProcess {
     let seeds = cluster.seeds();
@@ -35,7 +38,9 @@ async fn start(cluster: &RedisCluster, http: &reqwest::Client, extra: &[&str]) -
 async fn ratelimit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64) -> Value {
     let r = http
         .post(format!("{base}/v1/ratelimit"))
-        .json(&json!({"namespace":"api","identifier":identifier,"limit":limit,"duration":HOUR_MS}))
+        .json(
+            &json!({"namespace":"api","identifier":identifier,"limit":limit,"duration":WINDOW_MS}),
+        )
         .send()
         .await
         .unwrap();
@@ -72,13 +77,13 @@ async fn until_equal<T: PartialEq + std::fmt::Debug>(
     }
 }
 
-/// The Redis key of `identifier`'s current cell (workspace `default`, namespace `api`, 1 h).
+/// The Redis key of `identifier`'s current cell (workspace `default`, namespace `api`, 30 days).
 fn current_cell(identifier: &str) -> String {
     let key = WindowKeyRef::new(
         "default",
         "api",
         identifier,
-        WindowDuration::from_ms(HOUR_MS).unwrap(),
+        WindowDuration::from_ms(WINDOW_MS).unwrap(),
     )
     .unwrap();
     let now = u64::try_from(
@@ -88,7 +93,7 @@ fn current_cell(identifier: &str) -> String {
             .as_millis(),
     )
     .unwrap();
-    cell_key(key, now / HOUR_MS)
+    cell_key(key, now / WINDOW_MS)
 }
 
 /// The region's count of `identifier`'s current cell, as the node that holds it says.
@@ -191,8 +196,8 @@ async fn a_multi_limit_across_nodes_is_all_or_nothing() {
         }
     };
     let both = json!([
-        {"namespace":"api","identifier":wide,"limit":5,"duration":HOUR_MS},
-        {"namespace":"api","identifier":narrow,"limit":1,"duration":HOUR_MS},
+        {"namespace":"api","identifier":wide,"limit":5,"duration":WINDOW_MS},
+        {"namespace":"api","identifier":narrow,"limit":1,"duration":WINDOW_MS},
     ]);
     assert_eq!(multi(both.clone()).await["success"], true);
     // The narrow limit denies: the wide one, on another node, must not count this request.

@@ -119,3 +119,62 @@ async fn another_region_sees_usage_within_a_flush_and_a_sync() {
     drop((eu, us));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The publish floor shared by the regions, across processes: three region processes on one
+/// SQLite file, at their default cadences, announce themselves; then two requests in one
+/// region (a third of the 20% floor of a limit of 30, where the floor of one region alone
+/// would be 6) are published, early, and another region sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_share_the_floor_and_a_crossing_is_published_at_once() {
+    let dir = std::env::temp_dir().join(format!("strata-shared-floor-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.to_string_lossy().to_string();
+    let http = reqwest::Client::new();
+    let start = |region: &str| GatewayProcess::start(&["--region", region, "--data-dir", &data]);
+    let mut a = start("a");
+    a.ready(&http).await;
+    let (mut b, mut c) = (start("b"), start("c"));
+    b.ready(&http).await;
+    c.ready(&http).await;
+    // Each gateway announces at start and every 10 s: within two rounds, a counts all three.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    loop {
+        let page = common::process::metrics(&http, &a.base).await;
+        let regions =
+            common::process::metric_sum(&page, |l| l.starts_with("strata_global_regions "));
+        if regions == 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "region a never counted 3 regions: {regions}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    const MONTH: u64 = 2_592_000_000;
+    let id = format!("spread-{}", std::process::id());
+    let limit = json!({"namespace":"api","identifier":id,"limit":30,"duration":MONTH});
+    for _ in 0..2 {
+        let r = post(&http, format!("{}/v1/ratelimit", a.base), limit.clone()).await;
+        assert_eq!(r["success"], true, "{r}");
+    }
+    let admitted = Instant::now();
+    let seq = strata_gateway::clock::Clock::system().now_ms() / MONTH;
+    let cell =
+        json!({"cells":[{"namespace":"api","identifier":id,"duration":MONTH,"sequence":seq}]});
+    // One replay, an early flush and one sync (1 s, 20% jitter), with slack for a busy machine.
+    let bound = Duration::from_millis(100 + 200 + 1_200 + 1_500);
+    loop {
+        let seen = post(&http, format!("{}/v1/origin/read", b.base), cell.clone()).await;
+        if seen["cells"][0]["global"] == 2 {
+            break;
+        }
+        assert!(
+            admitted.elapsed() < bound,
+            "b did not see a's 2 within {bound:?}: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("b saw a's 2 requests after {:?}", admitted.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,11 +11,22 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 
+/// A loopback port nothing listens on, never handed out before by this run: the kernel may
+/// offer a port again as soon as the probe closes it, before the server it was meant for
+/// (a gateway, a Redis) has bound it.
 fn free_port() -> Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free loopback port: {e}"))
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("no free loopback port: {e}"))?;
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// Sends one inline command to the Redis on `port` and reads its answer until `done` holds.

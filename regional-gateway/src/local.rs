@@ -7,7 +7,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
 use strata_core::origin::OriginPolicy;
-use strata_core::{CounterTable, TableConfig, WindowKeyRef};
+use strata_core::replay::{QuietPace, ReplayEvent};
+use strata_core::{CounterTable, Counts, TableConfig, WindowKeyRef};
 
 /// Sharded local tables.
 #[derive(Debug)]
@@ -87,18 +88,52 @@ impl LocalTables {
     }
 
     /// Up to `max` cells holding own cost the origin has not acknowledged, over all shards.
-    pub fn take_replay(&self, max: usize, now_ms: u64) -> strata_core::replay::ReplayBatch {
+    /// Quiet cells wait for their turn under `pace` (`None`: every cell goes).
+    pub fn take_replay(
+        &self,
+        max: usize,
+        now_ms: u64,
+        pace: Option<QuietPace>,
+    ) -> strata_core::replay::ReplayBatch {
         let mut batch = strata_core::replay::ReplayBatch::default();
         for i in 0..self.shards.len() {
             let left = max.saturating_sub(batch.len());
             if left == 0 {
                 break;
             }
-            batch
-                .events
-                .extend(self.guard(i).take_replay(left, now_ms).events);
+            let mut table = self.guard(i);
+            let taken = match pace {
+                Some(pace) => table.take_replay_paced(left, now_ms, pace),
+                None => table.take_replay(left, now_ms),
+            };
+            batch.events.extend(taken.events);
         }
         batch
+    }
+
+    /// Merges the origin's answers to replayed events: each cell's counts, and the lease it
+    /// renewed (its new id and until when, if any). Each shard is locked once per run of
+    /// events on it, so once for a batch `take_replay` took (shard by shard).
+    pub fn ack_replay<'e>(
+        &self,
+        answers: impl IntoIterator<Item = (&'e ReplayEvent, Counts, Option<(u64, u64)>)>,
+    ) {
+        let mut held: Option<(usize, MutexGuard<'_, CounterTable>)> = None;
+        for (event, counts, renewed) in answers {
+            let i = self.index(event.key.as_ref());
+            let table = match &mut held {
+                Some((at, table)) if *at == i => table,
+                _ => {
+                    // The previous shard's lock is released before the next is taken.
+                    held = None;
+                    &mut held.insert((i, self.guard(i))).1
+                }
+            };
+            table.ack_one(event, counts);
+            if let Some((lease_id, until)) = renewed {
+                table.renewed(event, lease_id, until);
+            }
+        }
     }
 
     /// Cells holding unacknowledged own cost, and own cost lost before acknowledgement

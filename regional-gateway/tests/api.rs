@@ -51,6 +51,7 @@ on_every_origin! {
     the_same_replay_posted_twice_counts_once(&[]),
     a_warm_key_is_decided_locally_under_its_lease(&[]),
     a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(&[]),
+    a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass(&[]),
     health_readiness_and_metrics_answer(&[]),
     a_limit_changed_mid_window_applies_at_once(&[]),
 }
@@ -433,6 +434,62 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
         2,
         "an idle key's lease ran out"
     );
+}
+
+/// The replay loop's pacing: keys far under the publish floor, their cost under a live lease,
+/// reach the origin on one pass in ten (each once, on its own turn); a key over the floor on
+/// every pass; nothing is lost: a full replay afterwards leaves the origin holding every pass.
+async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass(g: TestGateway) {
+    let quiet: Vec<String> = (0..5).map(|i| format!("quiet-{i}")).collect();
+    // 20% of 100 is the floor: 25 passes put "busy" over it.
+    for _ in 0..25 {
+        assert!(g.limit(None, "busy", 100).await.0);
+    }
+    for id in &quiet {
+        assert!(g.limit(None, id, 1_000_000).await.0);
+    }
+    assert!(g.gateway.limiter.replay_once().await);
+    let cells = async || {
+        common::metric_sum(&g.get("/metrics").await.text, |l| {
+            l.starts_with("strata_replay_cells_total")
+        })
+    };
+    let before = cells().await;
+    let seq = T0 / 60_000;
+    let read = |id: &str| json!({"cells":[{"namespace":"api","identifier":id,"duration":60_000,"sequence":seq}]});
+    let mut waited = 0;
+    for pass in 1..=10 {
+        g.clock.advance(100);
+        assert!(g.limit(None, "busy", 100).await.0);
+        for id in &quiet {
+            assert!(g.limit(None, id, 1_000_000).await.0);
+        }
+        let (delivered, full) = g.gateway.limiter.replay_pass(pass, 10, 100).await;
+        assert!(delivered && !full);
+        let busy = g.post("/v1/origin/read", None, read("busy")).await;
+        assert_eq!(
+            busy.body["cells"][0]["regional"],
+            25 + pass,
+            "pass {pass}: over the floor, replayed every pass"
+        );
+        for id in &quiet {
+            let n = g.post("/v1/origin/read", None, read(id)).await.body["cells"][0]["regional"]
+                .as_u64()
+                .unwrap();
+            waited += u64::from(n < 1 + u64::from(pass));
+        }
+    }
+    // Ten passes of "busy", and each quiet key once in the ten.
+    assert_eq!(cells().await - before, 10.0 + quiet.len() as f64);
+    assert!(waited > 0, "some quiet key's cost waited for its turn");
+    assert!(g.gateway.limiter.replay_once().await);
+    for id in &quiet {
+        let r = g.post("/v1/origin/read", None, read(id)).await;
+        assert_eq!(
+            r.body["cells"][0]["regional"], 11,
+            "{id}: every pass counted"
+        );
+    }
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {

@@ -19,7 +19,7 @@ use core::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::decision::{Decision, MultiDecision};
-use crate::headers::{HeaderLimit, HeaderValues, header_values};
+use crate::headers::{Field, HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
 use crate::origin::OriginPolicy;
 use crate::request::{self, Begin, FailureMode, OriginCall, States};
@@ -464,7 +464,10 @@ impl Pending {
             push_headers(&mut headers, &h, options.legacy_headers);
         }
         if !shadow.is_empty() {
-            headers.push(("strata-shadow", header_values(&shadow, now_ms).ratelimit));
+            let h = header_values(&shadow, now_ms);
+            if let Some(v) = h.get(Field::RateLimit) {
+                headers.push(("strata-shadow", v.to_string()));
+            }
         }
         if options.debug && self.origin_failed {
             headers.push(("strata-origin", "unavailable".to_string()));
@@ -523,14 +526,9 @@ impl Pending {
 }
 
 fn push_headers(out: &mut Vec<(&'static str, String)>, h: &HeaderValues, legacy: bool) {
-    out.push(("ratelimit-policy", h.policy.clone()));
-    out.push(("ratelimit", h.ratelimit.clone()));
-    if let Some(r) = &h.retry_after {
-        out.push(("retry-after", r.clone()));
-    }
-    if legacy {
-        out.push(("x-ratelimit-limit", h.legacy_limit.clone()));
-        out.push(("x-ratelimit-remaining", h.legacy_remaining.clone()));
-        out.push(("x-ratelimit-reset", h.legacy_reset.clone()));
+    for (field, value) in h.fields() {
+        if legacy || !field.is_legacy() {
+            out.push((field.name(), value.to_string()));
+        }
     }
 }

@@ -4,7 +4,6 @@
 //! Values only; the shells decide where they go. All times are whole seconds, rounded up so a
 //! client that waits as told is never early.
 
-use alloc::format;
 use alloc::string::String;
 use core::fmt::Write;
 
@@ -22,21 +21,90 @@ pub struct HeaderLimit<'a> {
     pub decision: &'a Decision,
 }
 
-/// The header values of a (possibly multi-limit) decision.
+/// One response header a decision sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// `RateLimit-Policy`: `"name";q=<limit>;w=<window seconds>`, one item per limit.
+    Policy,
+    /// `RateLimit`: `"name";r=<remaining>;t=<seconds>`, one item per limit.
+    RateLimit,
+    /// `Retry-After` in seconds, present when the request was denied and can pass later.
+    RetryAfter,
+    /// `X-RateLimit-Limit` of the most constraining limit.
+    LegacyLimit,
+    /// `X-RateLimit-Remaining` of the most constraining limit.
+    LegacyRemaining,
+    /// `X-RateLimit-Reset`: Unix seconds at which the most constraining limit's window ends.
+    LegacyReset,
+}
+
+impl Field {
+    /// Every field, in the order [`HeaderValues`] holds them.
+    pub const ALL: [Field; 6] = [
+        Field::Policy,
+        Field::RateLimit,
+        Field::RetryAfter,
+        Field::LegacyLimit,
+        Field::LegacyRemaining,
+        Field::LegacyReset,
+    ];
+
+    /// The header name, lower case (as HTTP/2 and proxy-wasm want it).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Field::Policy => "ratelimit-policy",
+            Field::RateLimit => "ratelimit",
+            Field::RetryAfter => "retry-after",
+            Field::LegacyLimit => "x-ratelimit-limit",
+            Field::LegacyRemaining => "x-ratelimit-remaining",
+            Field::LegacyReset => "x-ratelimit-reset",
+        }
+    }
+
+    /// One of the legacy `X-RateLimit-*` trio.
+    pub const fn is_legacy(self) -> bool {
+        matches!(
+            self,
+            Field::LegacyLimit | Field::LegacyRemaining | Field::LegacyReset
+        )
+    }
+}
+
+/// The header values of a (possibly multi-limit) decision, written one after another into one
+/// string (one allocation per reply: a shell can hand out slices of it without copying).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderValues {
-    /// `RateLimit-Policy`: `"name";q=<limit>;w=<window seconds>`, one item per limit.
-    pub policy: String,
-    /// `RateLimit`: `"name";r=<remaining>;t=<seconds>`, one item per limit.
-    pub ratelimit: String,
-    /// `Retry-After` in seconds, present when the request was denied and can pass later.
-    pub retry_after: Option<String>,
-    /// `X-RateLimit-Limit` of the most constraining limit.
-    pub legacy_limit: String,
-    /// `X-RateLimit-Remaining` of the most constraining limit.
-    pub legacy_remaining: String,
-    /// `X-RateLimit-Reset`: Unix seconds at which the most constraining limit's window ends.
-    pub legacy_reset: String,
+    text: String,
+    /// Where each field of [`Field::ALL`] ends in `text` (each starts where the one before
+    /// ends); an absent `Retry-After` is empty.
+    ends: [usize; 6],
+}
+
+impl HeaderValues {
+    /// Where `field`'s value lies in [`Self::text`], `None` if the reply has no such header.
+    pub fn range(&self, field: Field) -> Option<core::ops::Range<usize>> {
+        let i = field as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        let end = self.ends[i];
+        (field != Field::RetryAfter || end > start).then_some(start..end)
+    }
+
+    /// `field`'s value, `None` if the reply has no such header.
+    pub fn get(&self, field: Field) -> Option<&str> {
+        self.range(field).and_then(|r| self.text.get(r))
+    }
+
+    /// The fields present, with their values.
+    pub fn fields(&self) -> impl Iterator<Item = (Field, &str)> {
+        Field::ALL
+            .into_iter()
+            .filter_map(|f| self.get(f).map(|v| (f, v)))
+    }
+
+    /// Every value, one after another ([`Self::range`] says where each lies).
+    pub fn into_text(self) -> String {
+        self.text
+    }
 }
 
 /// Whole seconds in `ms`, rounded up.
@@ -64,30 +132,37 @@ fn write_sf_string(out: &mut String, name: &str) {
 /// Builds every header value for the limits of one request at `now_ms`. The `t` of a denied
 /// limit is its retry-after; of a passed one, the seconds until its window resets.
 pub fn header_values(limits: &[HeaderLimit<'_>], now_ms: u64) -> HeaderValues {
-    let mut policy = String::new();
-    let mut ratelimit = String::new();
+    // Room for one limit's fields with a short name, so the usual reply allocates once.
+    let names: usize = limits.iter().map(|l| l.policy.len()).sum();
+    let mut text = String::with_capacity(96 + 2 * names + 64 * limits.len().saturating_sub(1));
+    let mut ends = [0; 6];
     let mut retry_after: Option<u64> = None;
     let mut tightest: Option<&HeaderLimit<'_>> = None;
     for (i, l) in limits.iter().enumerate() {
         if i > 0 {
-            policy.push_str(", ");
-            ratelimit.push_str(", ");
+            text.push_str(", ");
         }
-        let d = l.decision;
-        write_sf_string(&mut policy, l.policy);
+        write_sf_string(&mut text, l.policy);
         let _ = write!(
-            policy,
+            text,
             ";q={};w={}",
-            d.limit,
+            l.decision.limit,
             ceil_seconds(l.duration.as_ms())
         );
+    }
+    ends[0] = text.len();
+    for (i, l) in limits.iter().enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        let d = l.decision;
         let reset_in = ceil_seconds(d.reset_ms.saturating_sub(now_ms));
         let t = match (d.success, d.retry_after_ms) {
             (false, Some(ms)) => ceil_seconds(ms),
             _ => reset_in,
         };
-        write_sf_string(&mut ratelimit, l.policy);
-        let _ = write!(ratelimit, ";r={};t={}", d.remaining, t);
+        write_sf_string(&mut text, l.policy);
+        let _ = write!(text, ";r={};t={}", d.remaining, t);
         if !d.success {
             if let Some(ms) = d.retry_after_ms {
                 // The request passes only once every limit allows it.
@@ -102,22 +177,23 @@ pub fn header_values(limits: &[HeaderLimit<'_>], now_ms: u64) -> HeaderValues {
             tightest = Some(l);
         }
     }
-    let (legacy_limit, legacy_remaining, legacy_reset) = match tightest {
-        Some(l) => (
-            format!("{}", l.decision.limit),
-            format!("{}", l.decision.remaining),
-            format!("{}", ceil_seconds(l.decision.reset_ms)),
-        ),
-        None => (String::new(), String::new(), String::new()),
-    };
-    HeaderValues {
-        policy,
-        ratelimit,
-        retry_after: retry_after.map(|s| format!("{s}")),
-        legacy_limit,
-        legacy_remaining,
-        legacy_reset,
+    ends[1] = text.len();
+    if let Some(s) = retry_after {
+        let _ = write!(text, "{s}");
     }
+    ends[2] = text.len();
+    if let Some(l) = tightest {
+        let _ = write!(text, "{}", l.decision.limit);
+        ends[3] = text.len();
+        let _ = write!(text, "{}", l.decision.remaining);
+        ends[4] = text.len();
+        let _ = write!(text, "{}", ceil_seconds(l.decision.reset_ms));
+    } else {
+        ends[3] = text.len();
+        ends[4] = text.len();
+    }
+    ends[5] = text.len();
+    HeaderValues { text, ends }
 }
 
 #[cfg(test)]
@@ -146,12 +222,13 @@ mod tests {
             }],
             1_700_000_030_500,
         );
-        assert_eq!(h.policy, "\"api\";q=100;w=60");
-        assert_eq!(h.ratelimit, "\"api\";r=42;t=30");
-        assert_eq!(h.retry_after, None);
-        assert_eq!(h.legacy_limit, "100");
-        assert_eq!(h.legacy_remaining, "42");
-        assert_eq!(h.legacy_reset, "1700000060");
+        assert_eq!(h.get(Field::Policy), Some("\"api\";q=100;w=60"));
+        assert_eq!(h.get(Field::RateLimit), Some("\"api\";r=42;t=30"));
+        assert_eq!(h.get(Field::RetryAfter), None);
+        assert_eq!(h.get(Field::LegacyLimit), Some("100"));
+        assert_eq!(h.get(Field::LegacyRemaining), Some("42"));
+        assert_eq!(h.get(Field::LegacyReset), Some("1700000060"));
+        assert_eq!(h.fields().count(), 5);
     }
 
     #[test]
@@ -180,9 +257,22 @@ mod tests {
             ],
             1_700_000_000_000,
         );
-        assert_eq!(h.retry_after.as_deref(), Some("5"));
-        assert_eq!(h.ratelimit, "\"a\";r=0;t=2, \"b\";r=3;t=5, \"c\";r=4;t=60");
-        assert_eq!(h.legacy_limit, "10", "the denied limit with least left");
+        assert_eq!(h.get(Field::RetryAfter), Some("5"));
+        assert_eq!(
+            h.get(Field::RateLimit),
+            Some("\"a\";r=0;t=2, \"b\";r=3;t=5, \"c\";r=4;t=60")
+        );
+        assert_eq!(
+            h.get(Field::Policy),
+            Some("\"a\";q=10;w=60, \"b\";q=1000;w=60, \"c\";q=5;w=60")
+        );
+        assert_eq!(
+            h.get(Field::LegacyLimit),
+            Some("10"),
+            "the denied limit with least left"
+        );
+        assert_eq!(h.get(Field::LegacyRemaining), Some("0"));
+        assert_eq!(h.fields().count(), 6);
     }
 
     #[test]
@@ -197,12 +287,9 @@ mod tests {
             }],
             0,
         );
-        assert!(
-            h.policy.starts_with("\"a\\\"b\\\\c__X: _\";"),
-            "{}",
-            h.policy
-        );
-        assert!(h.policy.bytes().all(|b| (b' '..=b'~').contains(&b)));
+        let policy = h.get(Field::Policy).unwrap_or_default();
+        assert!(policy.starts_with("\"a\\\"b\\\\c__X: _\";"), "{policy}");
+        assert!(h.into_text().bytes().all(|b| (b' '..=b'~').contains(&b)));
     }
 
     #[test]
@@ -217,6 +304,7 @@ mod tests {
             }],
             0,
         );
-        assert_eq!(h.retry_after, None);
+        assert_eq!(h.get(Field::RetryAfter), None);
+        assert_eq!(h.range(Field::RetryAfter), None);
     }
 }

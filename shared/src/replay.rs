@@ -14,6 +14,7 @@ use alloc::vec::Vec;
 
 use crate::cell::WindowState;
 use crate::decision::Counts;
+use crate::gcounter::PublishPolicy;
 use crate::identity::WindowKey;
 use crate::slab::unacked;
 use crate::table::CounterTable;
@@ -115,6 +116,19 @@ impl WindowState {
         renew_within: u64,
         events: &mut Vec<ReplayEvent>,
     ) -> bool {
+        self.take_replay_events_paced(key, now_ms, renew_within, None, events)
+    }
+
+    /// [`take_replay_events`](Self::take_replay_events), holding the current cell's event
+    /// back while the cell [`is_quiet`](Self::is_quiet) under `hold` (its policy and margin).
+    fn take_replay_events_paced(
+        &mut self,
+        key: &WindowKey,
+        now_ms: u64,
+        renew_within: u64,
+        hold: Option<(PublishPolicy, u64)>,
+        events: &mut Vec<ReplayEvent>,
+    ) -> bool {
         let idle = self.idle_lease(now_ms);
         let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
         if !(idle || holds || unacked(self) > 0) {
@@ -142,12 +156,18 @@ impl WindowState {
         } else {
             0
         };
+        let wait = released == 0
+            && renew == 0
+            && hold.is_some_and(|(publish, margin)| self.is_quiet(now_ms, publish, margin));
         for (sequence, cell) in self.cells() {
             let (release, renew) = if sequence == self.sequence() {
                 (released, renew)
             } else {
                 (0, 0)
             };
+            if wait && sequence == self.sequence() {
+                continue;
+            }
             if cell.unacked() > 0 || release > 0 {
                 events.push(ReplayEvent {
                     key: key.clone(),
@@ -164,13 +184,58 @@ impl WindowState {
     }
 }
 
+impl WindowState {
+    /// Whether the current cell's unreplayed own cost may wait for a later replay pass: all of
+    /// it lies under a live lease that is not within `margin_ms` of its end (the origin keeps
+    /// reserving it for this process, so no other process of the region can spend it
+    /// meanwhile), and no other region needs the count yet: none published the cell, and the
+    /// region's count as this process knows it (its waiting cost included) is under
+    /// `publish`'s threshold, so the cost waiting here makes no count publishable.
+    pub fn is_quiet(&self, now_ms: u64, publish: PublishPolicy, margin_ms: u64) -> bool {
+        let cell = self.current();
+        cell.own() <= cell.grant
+            && now_ms.saturating_add(margin_ms) < cell.lease_until()
+            && now_ms >= self.strict_until()
+            && cell.counts().global == 0
+            && cell.counts().regional < publish.threshold(self.limit())
+    }
+}
+
+/// How a paced replay pass treats quiet cells ([`WindowState::is_quiet`]): each waits for its
+/// turn, one pass in `passes` (staggered over the table, so every pass carries a share), and
+/// goes at once when it stops being quiet. A key under the publish floor then costs the origin
+/// one replayed cell per `passes` passes, not one per pass that found it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuietPace {
+    /// A quiet cell is replayed on one pass in this many (1: every pass).
+    pub passes: u32,
+    /// Which pass this is (the shell counts its replay ticks; batches sent back to back in
+    /// one tick are one pass, so a full batch does not bring the next turn early).
+    pub pass: u32,
+    /// The publish policy the region flushes by now (its floor shared by the live regions).
+    pub publish: PublishPolicy,
+    /// A cell whose lease ends within this many ms goes at once: at least the renewal window
+    /// and one pass interval, so a quiet cell's cost reaches the origin before its lease
+    /// stops reserving it there.
+    pub margin_ms: u64,
+}
+
 impl CounterTable {
+    /// [`take_replay`](Self::take_replay), with quiet cells paced by `pace`.
+    pub fn take_replay_paced(&mut self, max: usize, now_ms: u64, pace: QuietPace) -> ReplayBatch {
+        self.take_events(max, now_ms, Some(pace))
+    }
+
     /// Up to `max` cells holding own cost the origin has not acknowledged, and leases near
     /// the limit that went unused for a replay interval, released (see
     /// [`WindowState::idle_lease`]). Cells stay in the table as they are:
     /// [`ack_replay`](Self::ack_replay) records the answer, and a failed batch needs nothing
     /// (the next one carries the same values or larger; a released lease stays released).
     pub fn take_replay(&mut self, max: usize, now_ms: u64) -> ReplayBatch {
+        self.take_events(max, now_ms, None)
+    }
+
+    fn take_events(&mut self, max: usize, now_ms: u64, pace: Option<QuietPace>) -> ReplayBatch {
         let mut events = Vec::new();
         // Renewed in the last quarter of its lifetime (1.25 s of 5 s: a dozen replay passes to
         // get it through), so a key in steady use costs one renewal per 3.75 s.
@@ -182,13 +247,22 @@ impl CounterTable {
         let slab = &mut self.slab;
         let mut j = 0;
         while j < slab.touched.len() && events.len() < max {
-            let i = slab.touched[j] as usize;
+            let turn = slab.touched[j];
+            let i = turn as usize;
             let live = slab.is_live(i);
             let slot = &mut slab.slots[i];
+            // Not this slot's turn: a quiet cell waits.
+            let hold = pace
+                .filter(|p| turn.wrapping_add(p.pass) % p.passes.max(1) != 0)
+                .map(|p| (p.publish, p.margin_ms));
             if !(live
-                && slot
-                    .state
-                    .take_replay_events(&slot.key, now_ms, renew_within, &mut events))
+                && slot.state.take_replay_events_paced(
+                    &slot.key,
+                    now_ms,
+                    renew_within,
+                    hold,
+                    &mut events,
+                ))
             {
                 slab.untouch(i);
                 slab.touched.swap_remove(j);

@@ -8,10 +8,11 @@
 )] // test code: a panic is the failure report
 
 use strata_core::lease::LEASE_IDLE_MS;
+use strata_core::replay::QuietPace;
 use strata_core::table::{LimitRequest, MIN_CAPACITY, Step};
 use strata_core::{
-    Begin, CounterTable, Counts, FailureMode, OriginAnswer, OriginPlan, PublishPolicy, Reason,
-    TableConfig, WindowDuration, WindowKeyRef,
+    Begin, CounterTable, Counts, FailureMode, OriginAnswer, OriginCall, OriginPlan, PublishPolicy,
+    Reason, TableConfig, WindowDuration, WindowKeyRef,
 };
 
 mod support;
@@ -449,6 +450,102 @@ fn a_lease_in_use_is_renewed_by_the_replay_in_the_last_quarter_of_its_lifetime()
     t.ack_replay(&again, &[Counts::default()]);
     let unused = t.take_replay(1_000, late + 100);
     assert!(unused.events.iter().all(|e| e.renew == 0), "{unused:?}");
+}
+
+/// A paced replay holds a quiet cell's cost back until its turn (one pass in `passes`,
+/// staggered over the table), and sends at once a cell near the publish floor or near its
+/// lease's end; an unpaced replay sends everything.
+#[test]
+fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
+    let mut t = small(100);
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let quiet = ["q0", "q1", "q2"].map(|id| WindowKeyRef::new("ws", "ns", id, minute).unwrap());
+    let near = WindowKeyRef::new("ws", "ns", "near", minute).unwrap();
+    for k in quiet {
+        warm(&mut t, k, 1_000_000, 100); // a count of 1: far under 20% of 1,000,000
+    }
+    // A count of 300: over 20% of 1,000, the publish floor.
+    let Step::Origin(plan) = t.check(near, 1_000, 1, T0) else {
+        panic!("a new key is decided at the origin");
+    };
+    let request = LimitRequest {
+        key: near,
+        limit: 1_000,
+        cost: 1,
+    };
+    let call = OriginCall::single(request, plan);
+    let answer = granted(&plan, 1_000, 300, 100);
+    assert!(t.finish(&call, &[answer], T0).unwrap().success);
+    let mut pace = QuietPace {
+        passes: 10,
+        pass: 0,
+        publish: PublishPolicy::default(),
+        margin_ms: 1_350,
+    };
+    let mut seen = std::collections::HashMap::<String, Vec<u64>>::new();
+    for pass in 1..=10 {
+        let now = T0 + 100 * pass;
+        for (k, limit) in quiet.iter().map(|k| (k, 1_000_000)).chain([(&near, 1_000)]) {
+            assert!(matches!(t.check(*k, limit, 1, now), Step::Decided(d) if d.success));
+        }
+        pace.pass = pass as u32;
+        let batch = t.take_replay_paced(1_000, now, pace);
+        let counts = vec![Counts::default(); batch.len()];
+        // A second take in the same pass finds nothing more.
+        t.ack_replay(&batch, &counts);
+        assert!(t.take_replay_paced(1_000, now, pace).is_empty());
+        for e in &batch.events {
+            seen.entry(e.key.as_ref().identifier().to_string())
+                .or_default()
+                .push(pass);
+        }
+    }
+    assert_eq!(
+        seen["near"],
+        (1..=10).collect::<Vec<_>>(),
+        "near the floor: every pass"
+    );
+    let mut turns: Vec<u64> = ["q0", "q1", "q2"]
+        .iter()
+        .map(|id| {
+            assert_eq!(seen[*id].len(), 1, "{id}: one pass in ten: {seen:?}");
+            seen[*id][0]
+        })
+        .collect();
+    turns.sort_unstable();
+    turns.dedup();
+    assert_eq!(turns.len(), 3, "staggered: {seen:?}");
+    // What waited was carried whole: each quiet key's event holds all its passes so far.
+    let all = t.take_replay(1_000, T0 + 1_100);
+    assert!(all.events.iter().all(|e| e.used > 0));
+
+    // Near its lease's end (granted until T0 + 5 s), a quiet cell goes at once.
+    let mut t = small(100);
+    warm(&mut t, quiet[0], 1_000_000, 100);
+    let late = T0 + 5_000 - 1_350;
+    assert!(matches!(
+        t.check(quiet[0], 1_000_000, 1, late - 100),
+        Step::Decided(_)
+    ));
+    pace.pass = 1;
+    let held = t.take_replay_paced(1_000, late - 100, pace);
+    pace.pass = 2;
+    let gone = if held.is_empty() {
+        t.take_replay_paced(1_000, late, pace)
+    } else {
+        held
+    };
+    assert_eq!(gone.len(), 1, "within the margin of its lease's end");
+    assert!(
+        !t.get(quiet[0])
+            .unwrap()
+            .is_quiet(late, pace.publish, pace.margin_ms)
+    );
+    assert!(
+        t.get(quiet[0])
+            .unwrap()
+            .is_quiet(late - 1, pace.publish, pace.margin_ms)
+    );
 }
 
 #[test]

@@ -6,16 +6,16 @@ pub mod openapi;
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use strata_core::Decision;
-use strata_core::headers::{HeaderLimit, header_values};
+use strata_core::headers::{Field, HeaderLimit, header_values};
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest,
     MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
@@ -79,36 +79,18 @@ async fn authorized<T: DeserializeOwned>(
 }
 
 /// Adds the rate-limit response headers for the decisions to `headers` (the policy is named
-/// by its namespace). Values move into the header map without a copy.
-fn put_limit_headers(
-    headers: &mut HeaderMap,
-    limits: &[(&str, strata_core::WindowDuration, &Decision)],
-    now_ms: u64,
-) {
-    let described: Vec<HeaderLimit<'_>> = limits
-        .iter()
-        .map(|&(policy, duration, decision)| HeaderLimit {
-            policy,
-            duration,
-            decision,
-        })
-        .collect();
-    let v = header_values(&described, now_ms);
-    let mut put = |name: HeaderName, value: String| {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.insert(name, value);
+/// by its namespace). The core writes every value into one buffer; each header value is a
+/// slice of it, so a reply allocates once for all of them and copies nothing.
+fn put_limit_headers(headers: &mut HeaderMap, limits: &[HeaderLimit<'_>], now_ms: u64) {
+    let values = header_values(limits, now_ms);
+    let ranges = Field::ALL.map(|f| values.range(f));
+    let text = Bytes::from(values.into_text());
+    for (field, range) in Field::ALL.into_iter().zip(ranges) {
+        let Some(range) = range else { continue };
+        // Always valid: the core writes printable ASCII only.
+        if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(range)) {
+            headers.insert(HeaderName::from_static(field.name()), value);
         }
-    };
-    put(HeaderName::from_static("ratelimit-policy"), v.policy);
-    put(HeaderName::from_static("ratelimit"), v.ratelimit);
-    put(HeaderName::from_static("x-ratelimit-limit"), v.legacy_limit);
-    put(
-        HeaderName::from_static("x-ratelimit-remaining"),
-        v.legacy_remaining,
-    );
-    put(HeaderName::from_static("x-ratelimit-reset"), v.legacy_reset);
-    if let Some(retry) = v.retry_after {
-        put(RETRY_AFTER, retry);
     }
 }
 
@@ -134,11 +116,12 @@ async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respo
     let decision = gw.limiter.decide(limit).await;
     let now = gw.limiter.clock.now_ms();
     let mut response = Json(RatelimitResponse::from(&decision)).into_response();
-    put_limit_headers(
-        response.headers_mut(),
-        &[(limit.key.namespace(), limit.key.duration(), &decision)],
-        now,
-    );
+    let described = HeaderLimit {
+        policy: limit.key.namespace(),
+        duration: limit.key.duration(),
+        decision: &decision,
+    };
+    put_limit_headers(response.headers_mut(), &[described], now);
     Ok(response)
 }
 
@@ -168,7 +151,11 @@ async fn ratelimit_multi(
     let described: Vec<_> = limits
         .iter()
         .zip(&multi.decisions)
-        .map(|(l, d)| (l.key.namespace(), l.key.duration(), d))
+        .map(|(l, decision)| HeaderLimit {
+            policy: l.key.namespace(),
+            duration: l.key.duration(),
+            decision,
+        })
         .collect();
     let body = MultiResponse {
         success: multi.success,

@@ -12,7 +12,7 @@ use inflight::Turn;
 use std::sync::Arc;
 
 use strata_core::ledger::used_on;
-use strata_core::replay::ReplayEvent;
+use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
 use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayRef};
@@ -189,13 +189,36 @@ impl Limiter {
         }
     }
 
-    /// Sends one replay batch (up to `MAX_BATCH` cells). Returns false if it failed; the
-    /// counts stay in the tables and the next batch carries them.
+    /// Sends one replay batch (up to `MAX_BATCH` cells) of every cell holding unacknowledged
+    /// cost. Returns false if it failed; the counts stay in the tables and the next batch
+    /// carries them.
     pub async fn replay_once(&self) -> bool {
+        self.replay_batch(None).await.0
+    }
+
+    /// One pass of the replay loop: [`replay_once`](Self::replay_once), but a quiet cell (far
+    /// from its limit, under the publish floor, its cost under a live lease) waits for its
+    /// turn, one pass in `passes` (each `interval_ms` apart; `pass` counts them). Returns whether the batch was delivered and whether it
+    /// was full (the loop then sends the next at once).
+    pub async fn replay_pass(&self, pass: u32, passes: u32, interval_ms: u64) -> (bool, bool) {
+        let pace = QuietPace {
+            passes,
+            pass,
+            publish: self.global.policy(),
+            // The renewal window (a quarter of the lease) and one pass more.
+            margin_ms: self.origin.lease_ms() / 4 + interval_ms,
+        };
+        let (delivered, taken) = self.replay_batch(Some(pace)).await;
+        (delivered, taken >= strata_core::wire::MAX_BATCH)
+    }
+
+    async fn replay_batch(&self, pace: Option<QuietPace>) -> (bool, usize) {
         let now = self.clock.now_ms();
-        let batch = self.local.take_replay(strata_core::wire::MAX_BATCH, now);
+        let batch = self
+            .local
+            .take_replay(strata_core::wire::MAX_BATCH, now, pace);
         if batch.is_empty() {
-            return true;
+            return (true, 0);
         }
         let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
         let renew: Vec<u64> = batch.events.iter().map(|e| e.renew).collect();
@@ -204,26 +227,21 @@ impl Limiter {
         match self.replay_refs(&self.instance, &refs, &renew, now).await {
             Ok(answers) => {
                 let (mut delivered, mut renewed) = (0, 0);
-                for (e, answer) in batch.events.iter().zip(answers) {
-                    let Some((counts, lease_id)) = answer else {
-                        continue;
-                    };
-                    let mut table = self.local.lock(e.key.as_ref());
-                    table.ack_one(e, counts);
-                    if lease_id > 0 {
-                        table.renewed(e, lease_id, until);
-                        renewed += 1;
-                    }
+                let acks = batch.events.iter().zip(answers).filter_map(|(e, answer)| {
+                    let (counts, lease_id) = answer?;
                     delivered += 1;
-                }
+                    renewed += usize::from(lease_id > 0);
+                    Some((e, counts, (lease_id > 0).then_some((lease_id, until))))
+                });
+                self.local.ack_replay(acks);
                 self.metrics.replayed(delivered);
                 self.metrics.leases_renewed(renewed);
-                delivered == batch.len()
+                (delivered == batch.len(), batch.len())
             }
             Err(e) => {
                 self.metrics.replay_failed();
                 tracing::warn!(error = %e, cells = batch.len(), "replay batch failed; sent again with the next");
-                false
+                (false, batch.len())
             }
         }
     }
@@ -253,17 +271,16 @@ impl Limiter {
             })
             .collect();
         let after = self.origin.replay(instance, &cells, now_ms).await?;
-        Ok(events
+        let delivered = events
             .iter()
-            .zip(after)
-            .map(|(e, answer)| {
-                let (key, seq) = (e.cell.key, e.cell.sequence);
-                answer.map(|r| {
-                    let counts = self
-                        .global
-                        .record_cell(key, seq, r.count, Some(e.limit), now_ms);
-                    (counts, r.renewed)
-                })
+            .zip(&after)
+            .filter_map(|(e, a)| a.map(|r| (e.cell.key, e.cell.sequence, r.count, e.limit)));
+        let mut counts = self.global.record_cells(delivered, now_ms).into_iter();
+        Ok(after
+            .into_iter()
+            .map(|answer| {
+                let r = answer?;
+                Some((counts.next().unwrap_or_default(), r.renewed))
             })
             .collect())
     }

@@ -23,9 +23,11 @@ use strata_gateway::config::Settings;
 use tower::ServiceExt;
 
 pub mod mariadb;
+mod port;
 pub mod process;
 pub mod redis;
 
+pub use port::free_port;
 #[allow(unused_imports)] // each test crate uses what it needs
 pub use process::{metric_sum, metrics};
 
@@ -40,17 +42,9 @@ pub enum Backend {
     RedisCluster,
 }
 
-/// A loopback port nothing listens on right now.
 /// The built `strata-gateway` binary.
 pub fn gateway_binary() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_strata-gateway"))
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 /// An identifier no earlier run used: `prefix`, this process's id and the time in ns.

@@ -12,6 +12,8 @@
 use std::path::PathBuf;
 
 pub mod envoy;
+#[path = "../../../regional-gateway/tests/common/port.rs"]
+mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]
 pub mod process;
 #[path = "../../../regional-gateway/tests/common/redis.rs"]
@@ -20,13 +22,7 @@ pub mod stack;
 pub mod upstream;
 pub mod workerd;
 
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
+pub use port::free_port;
 
 /// The repository root.
 pub fn root() -> PathBuf {

@@ -5,7 +5,6 @@
 //! client that waits as told is never early.
 
 use alloc::string::String;
-use core::fmt::Write;
 
 use crate::decision::Decision;
 use crate::window::WindowDuration;
@@ -112,6 +111,27 @@ pub const fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1_000)
 }
 
+/// Appends `n` in decimal: every reply formats half a dozen numbers, and `core::fmt` costs
+/// several times this.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // n % 10 < 10: the cast keeps it whole.
+        #[allow(clippy::cast_possible_truncation)]
+        let digit = (n % 10) as u8;
+        digits[i] = b'0' + digit;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
 /// Writes `name` as a structured-field string (RFC 9651): printable ASCII with `"` and `\`
 /// escaped; anything else becomes `_`, so a hostile namespace cannot break the header.
 fn write_sf_string(out: &mut String, name: &str) {
@@ -143,12 +163,10 @@ pub fn header_values(limits: &[HeaderLimit<'_>], now_ms: u64) -> HeaderValues {
             text.push_str(", ");
         }
         write_sf_string(&mut text, l.policy);
-        let _ = write!(
-            text,
-            ";q={};w={}",
-            l.decision.limit,
-            ceil_seconds(l.duration.as_ms())
-        );
+        text.push_str(";q=");
+        push_u64(&mut text, l.decision.limit);
+        text.push_str(";w=");
+        push_u64(&mut text, ceil_seconds(l.duration.as_ms()));
     }
     ends[0] = text.len();
     for (i, l) in limits.iter().enumerate() {
@@ -162,7 +180,10 @@ pub fn header_values(limits: &[HeaderLimit<'_>], now_ms: u64) -> HeaderValues {
             _ => reset_in,
         };
         write_sf_string(&mut text, l.policy);
-        let _ = write!(text, ";r={};t={}", d.remaining, t);
+        text.push_str(";r=");
+        push_u64(&mut text, d.remaining);
+        text.push_str(";t=");
+        push_u64(&mut text, t);
         if !d.success {
             if let Some(ms) = d.retry_after_ms {
                 // The request passes only once every limit allows it.
@@ -179,15 +200,15 @@ pub fn header_values(limits: &[HeaderLimit<'_>], now_ms: u64) -> HeaderValues {
     }
     ends[1] = text.len();
     if let Some(s) = retry_after {
-        let _ = write!(text, "{s}");
+        push_u64(&mut text, s);
     }
     ends[2] = text.len();
     if let Some(l) = tightest {
-        let _ = write!(text, "{}", l.decision.limit);
+        push_u64(&mut text, l.decision.limit);
         ends[3] = text.len();
-        let _ = write!(text, "{}", l.decision.remaining);
+        push_u64(&mut text, l.decision.remaining);
         ends[4] = text.len();
-        let _ = write!(text, "{}", ceil_seconds(l.decision.reset_ms));
+        push_u64(&mut text, ceil_seconds(l.decision.reset_ms));
     } else {
         ends[3] = text.len();
         ends[4] = text.len();
@@ -290,6 +311,15 @@ mod tests {
         let policy = h.get(Field::Policy).unwrap_or_default();
         assert!(policy.starts_with("\"a\\\"b\\\\c__X: _\";"), "{policy}");
         assert!(h.into_text().bytes().all(|b| (b' '..=b'~').contains(&b)));
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal_from_zero_to_the_largest() {
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::MAX / 10, u64::MAX] {
+            let mut out = String::from("x");
+            push_u64(&mut out, n);
+            assert_eq!(out, alloc::format!("x{n}"));
+        }
     }
 
     #[test]

@@ -85,14 +85,25 @@ fn put_limit_headers(headers: &mut HeaderMap, limits: &[HeaderLimit<'_>], now_ms
     let values = header_values(limits, now_ms);
     let ranges = Field::ALL.map(|f| values.range(f));
     let text = Bytes::from(values.into_text());
-    for (field, range) in Field::ALL.into_iter().zip(ranges) {
+    headers.reserve(Field::ALL.len());
+    for (name, range) in LIMIT_HEADERS.iter().zip(ranges) {
         let Some(range) = range else { continue };
         // Always valid: the core writes printable ASCII only.
         if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(range)) {
-            headers.insert(HeaderName::from_static(field.name()), value);
+            headers.insert(name.clone(), value);
         }
     }
 }
+
+/// The names of [`Field::ALL`], built once (a `HeaderName` made at run time is checked).
+const LIMIT_HEADERS: [HeaderName; 6] = [
+    HeaderName::from_static(Field::Policy.name()),
+    HeaderName::from_static(Field::RateLimit.name()),
+    HeaderName::from_static(Field::RetryAfter.name()),
+    HeaderName::from_static(Field::LegacyLimit.name()),
+    HeaderName::from_static(Field::LegacyRemaining.name()),
+    HeaderName::from_static(Field::LegacyReset.name()),
+];
 
 /// Decides one request against one limit, from local memory when it can.
 ///

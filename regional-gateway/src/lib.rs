@@ -196,20 +196,8 @@ pub async fn run(
     served
 }
 
-/// How long a quiet cell's replay may wait (see [`limiter::Limiter::replay_pass`]): short
-/// enough that the region's count follows within about a second (a cell near its lease's
-/// end, the limit or the publish floor never waits).
-const QUIET_REPLAY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Replay passes in [`QUIET_REPLAY`] at `interval`, at least one.
-fn quiet_passes(interval: std::time::Duration) -> u32 {
-    let passes = QUIET_REPLAY.as_millis() / interval.as_millis().max(1);
-    u32::try_from(passes).unwrap_or(u32::MAX).max(1)
-}
-
 async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(gateway.settings.replay_interval);
-    let quiet_passes = quiet_passes(gateway.settings.replay_interval);
     let interval_ms =
         u64::try_from(gateway.settings.replay_interval.as_millis()).unwrap_or(u64::MAX);
     let mut pass: u32 = 0;
@@ -221,11 +209,7 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
         }
         // Send full batches back to back; wait for the next tick after a short or failed one.
         pass = pass.wrapping_add(1);
-        while let (true, true) = gateway
-            .limiter
-            .replay_pass(pass, quiet_passes, interval_ms)
-            .await
-        {}
+        while let (true, true) = gateway.limiter.replay_pass(pass, interval_ms).await {}
     }
     let pending = gateway.limiter.unreplayed();
     while gateway.limiter.unreplayed() > 0 {

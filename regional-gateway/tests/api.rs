@@ -464,7 +464,7 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
         for id in &quiet {
             assert!(g.limit(None, id, 1_000_000).await.0);
         }
-        let (delivered, full) = g.gateway.limiter.replay_pass(pass, 10, 100).await;
+        let (delivered, full) = g.gateway.limiter.replay_pass(pass, 100).await;
         assert!(delivered && !full);
         let busy = g.post("/v1/origin/read", None, read("busy")).await;
         assert_eq!(

@@ -91,17 +91,8 @@ async fn another_region_sees_usage_within_a_flush_and_a_sync() {
         let seq = strata_gateway::clock::Clock::system().now_ms() / HOUR;
         let cell =
             json!({"cells":[{"namespace":"api","identifier":id,"duration":HOUR,"sequence":seq}]});
-        loop {
-            let seen = post(&http, format!("{}/v1/origin/read", us.base), cell.clone()).await;
-            if seen["cells"][0]["global"] == 8 {
-                break;
-            }
-            assert!(
-                admitted.elapsed() < bound,
-                "round {round}: us did not see eu's 8 within {bound:?}: {seen}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("round {round}: us did not see eu's 8");
+        until_global(&http, &us.base, &cell, 8, admitted, bound, &what).await;
         delays.push(admitted.elapsed());
         // us now counts them: 2 left, then the limit.
         let r = post(&http, format!("{}/v1/ratelimit", us.base), limit.clone()).await;
@@ -164,17 +155,37 @@ async fn regions_share_the_floor_and_a_crossing_is_published_at_once() {
         json!({"cells":[{"namespace":"api","identifier":id,"duration":MONTH,"sequence":seq}]});
     // One replay, an early flush and one sync (1 s, 20% jitter), with slack for a busy machine.
     let bound = Duration::from_millis(100 + 200 + 1_200 + 1_500);
-    loop {
-        let seen = post(&http, format!("{}/v1/origin/read", b.base), cell.clone()).await;
-        if seen["cells"][0]["global"] == 2 {
-            break;
-        }
-        assert!(
-            admitted.elapsed() < bound,
-            "b did not see a's 2 within {bound:?}: {seen}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_global(
+        &http,
+        &b.base,
+        &cell,
+        2,
+        admitted,
+        bound,
+        "b did not see a's 2",
+    )
+    .await;
     println!("b saw a's 2 requests after {:?}", admitted.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls `base`'s `/v1/origin/read` of `cell` every 20 ms until its `global` is `n`; fails
+/// with `what` once `bound` has passed since `since`.
+async fn until_global(
+    http: &reqwest::Client,
+    base: &str,
+    cell: &serde_json::Value,
+    n: u64,
+    since: Instant,
+    bound: Duration,
+    what: &str,
+) {
+    loop {
+        let seen = post(http, format!("{base}/v1/origin/read"), cell.clone()).await;
+        if seen["cells"][0]["global"] == n {
+            return;
+        }
+        assert!(since.elapsed() < bound, "{what} within {bound:?}: {seen}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -220,6 +220,33 @@ pub struct QuietPace {
     pub margin_ms: u64,
 }
 
+/// The last quarter of a lease of `lease_ms`, in which a lease in use is renewed (1.25 s of
+/// 5 s: a dozen replay passes to get it through; a key in steady use costs one renewal per
+/// 3.75 s).
+const fn renewal_window(lease_ms: u64) -> u64 {
+    lease_ms / 4
+}
+
+/// How long a quiet cell's replay may wait: short enough that the region's count follows
+/// within about a second.
+pub const QUIET_REPLAY_MS: u64 = 1_000;
+
+impl QuietPace {
+    /// The pace of the `pass`-th replay pass of a shell that replays every `interval_ms` and
+    /// whose origin grants leases of `lease_ms`: a quiet cell goes on one pass in
+    /// [`QUIET_REPLAY_MS`], and never waits within the renewal window (the last quarter of a
+    /// lease) plus one pass of its lease's end.
+    pub fn new(pass: u32, interval_ms: u64, publish: PublishPolicy, lease_ms: u64) -> Self {
+        let passes = QUIET_REPLAY_MS / interval_ms.max(1);
+        Self {
+            passes: u32::try_from(passes).unwrap_or(u32::MAX).max(1),
+            pass,
+            publish,
+            margin_ms: renewal_window(lease_ms).saturating_add(interval_ms),
+        }
+    }
+}
+
 impl CounterTable {
     /// [`take_replay`](Self::take_replay), with quiet cells paced by `pace`.
     pub fn take_replay_paced(&mut self, max: usize, now_ms: u64, pace: QuietPace) -> ReplayBatch {
@@ -237,10 +264,8 @@ impl CounterTable {
 
     fn take_events(&mut self, max: usize, now_ms: u64, pace: Option<QuietPace>) -> ReplayBatch {
         let mut events = Vec::new();
-        // Renewed in the last quarter of its lifetime (1.25 s of 5 s: a dozen replay passes to
-        // get it through), so a key in steady use costs one renewal per 3.75 s.
         let renew_within = if self.config().renew_leases {
-            self.config().origin.lease_ms / 4
+            renewal_window(self.config().origin.lease_ms)
         } else {
             0
         };

@@ -476,12 +476,9 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
     let call = OriginCall::single(request, plan);
     let answer = granted(&plan, 1_000, 300, 100);
     assert!(t.finish(&call, &[answer], T0).unwrap().success);
-    let mut pace = QuietPace {
-        passes: 10,
-        pass: 0,
-        publish: PublishPolicy::default(),
-        margin_ms: 1_350,
-    };
+    // Every 100 ms under 5 s leases: one pass in ten, never within 1.35 s of a lease's end.
+    let mut pace = QuietPace::new(0, 100, PublishPolicy::default(), 5_000);
+    assert_eq!((pace.passes, pace.margin_ms), (10, 1_350));
     let mut seen = std::collections::HashMap::<String, Vec<u64>>::new();
     for pass in 1..=10 {
         let now = T0 + 100 * pass;

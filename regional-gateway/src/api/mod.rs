@@ -198,12 +198,11 @@ async fn origin_read(
     let reads: Vec<_> = cells.iter().map(|c| (c.key, c.sequence)).collect();
     let now = gw.limiter.clock.now_ms();
     let answers = gw.limiter.origin.read(&reads, now).await?;
-    let global = &gw.limiter.global;
-    let cells = cells
+    let read = cells
         .iter()
         .zip(answers)
-        .map(|(c, regional)| global.record_cell(c.key, c.sequence, regional, None, now))
-        .collect();
+        .map(|(c, regional)| (c.key, c.sequence, regional, None));
+    let cells = gw.limiter.global.record_cells(read, now);
     Ok(Json(CellsResponse { cells }))
 }
 

@@ -60,6 +60,13 @@ pub struct Global {
 
 /// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
 /// counts as the gateway answers them (regional never below the view's, the imported global).
+/// Whether cell `sequence` of `state` should be written before the flush loop's next tick.
+fn wants_early(policy: PublishPolicy, state: &strata_core::WindowState, sequence: u64) -> bool {
+    state
+        .cell(sequence)
+        .is_some_and(|c| policy.publish_early(c, state.limit()))
+}
+
 fn answered(state: &mut strata_core::WindowState, sequence: u64, regional: u64) -> Counts {
     state.merge_counts(
         sequence,
@@ -118,17 +125,6 @@ impl Global {
         Ok(regions)
     }
 
-    /// Wakes the flush loop if cell `sequence` of `state` should be written before the next
-    /// tick.
-    fn publish_early(&self, state: &strata_core::WindowState, sequence: u64) {
-        if state
-            .cell(sequence)
-            .is_some_and(|c| self.policy().publish_early(c, state.limit()))
-        {
-            self.publish_soon.notify_one();
-        }
-    }
-
     /// Whether the database breaker refuses calls.
     pub fn breaker_open(&self) -> bool {
         self.breaker.is_open(std::time::Instant::now())
@@ -151,34 +147,14 @@ impl Global {
         self.view.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records what the regional origin answered for a cell (and the limit, if the answer
-    /// came with one): the region's count, the thing this gateway publishes. Returns the
+    /// Records what the regional origin answered for cells (and the limit, if the answer
+    /// came with one): the region's count, the thing this gateway publishes. Returns each
     /// cell's counts as the gateway answers them: the regional count never below this
-    /// region's own published component, and the other regions' sum as `global`.
-    pub fn record_cell(
-        &self,
-        key: WindowKeyRef<'_>,
-        sequence: u64,
-        regional: u64,
-        limit: Option<u64>,
-        now_ms: u64,
-    ) -> Counts {
-        let mut view = self.view();
-        let state = view.entry(key, now_ms);
-        state.roll(key.duration(), now_ms);
-        if let Some(limit) = limit {
-            state.observe_limit(limit);
-        }
-        let counts = answered(state, sequence, regional);
-        self.publish_early(state, sequence);
-        counts
-    }
-
-    /// [`record_cell`](Self::record_cell) for a replay batch's cells, under one lock of the
-    /// view (a batch holds up to a thousand cells; one lock each cost more than the records).
+    /// region's own published component, and the other regions' sum as `global`. One lock of
+    /// the view for all of them (a replay or read batch holds up to a thousand cells).
     pub fn record_cells<'k>(
         &self,
-        cells: impl IntoIterator<Item = (WindowKeyRef<'k>, u64, u64, u64)>,
+        cells: impl IntoIterator<Item = (WindowKeyRef<'k>, u64, u64, Option<u64>)>,
         now_ms: u64,
     ) -> Vec<Counts> {
         let mut view = self.view();
@@ -189,11 +165,11 @@ impl Global {
             .map(|(key, sequence, regional, limit)| {
                 let state = view.entry(key, now_ms);
                 state.roll(key.duration(), now_ms);
-                state.observe_limit(limit);
+                if let Some(limit) = limit {
+                    state.observe_limit(limit);
+                }
                 let counts = answered(state, sequence, regional);
-                early |= state
-                    .cell(sequence)
-                    .is_some_and(|c| policy.publish_early(c, state.limit()));
+                early |= wants_early(policy, state, sequence);
                 counts
             })
             .collect();
@@ -203,7 +179,7 @@ impl Global {
         counts
     }
 
-    /// [`record_cell`](Self::record_cell) for both cells of an origin decision, in one lookup:
+    /// [`record_cells`](Self::record_cells) for both cells of an origin decision, in one lookup:
     /// the current one `sequence` (with the request's limit) and the one before.
     pub fn record(
         &self,
@@ -221,7 +197,9 @@ impl Global {
             answered(state, sequence, regional[0]),
             answered(state, sequence.saturating_sub(1), regional[1]),
         );
-        self.publish_early(state, sequence);
+        if wants_early(self.policy(), state, sequence) {
+            self.publish_soon.notify_one();
+        }
         counts
     }
 

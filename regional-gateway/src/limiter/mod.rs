@@ -196,18 +196,17 @@ impl Limiter {
         self.replay_batch(None).await.0
     }
 
-    /// One pass of the replay loop: [`replay_once`](Self::replay_once), but a quiet cell (far
-    /// from its limit, under the publish floor, its cost under a live lease) waits for its
-    /// turn, one pass in `passes` (each `interval_ms` apart; `pass` counts them). Returns whether the batch was delivered and whether it
-    /// was full (the loop then sends the next at once).
-    pub async fn replay_pass(&self, pass: u32, passes: u32, interval_ms: u64) -> (bool, bool) {
-        let pace = QuietPace {
-            passes,
+    /// One pass of the replay loop, the `pass`-th, `interval_ms` after the last:
+    /// [`replay_once`](Self::replay_once), but a quiet cell waits for its turn
+    /// ([`QuietPace::new`]). Returns whether the batch was delivered and whether it was full
+    /// (the loop then sends the next at once).
+    pub async fn replay_pass(&self, pass: u32, interval_ms: u64) -> (bool, bool) {
+        let pace = QuietPace::new(
             pass,
-            publish: self.global.policy(),
-            // The renewal window (a quarter of the lease) and one pass more.
-            margin_ms: self.origin.lease_ms() / 4 + interval_ms,
-        };
+            interval_ms,
+            self.global.policy(),
+            self.origin.lease_ms(),
+        );
         let (delivered, taken) = self.replay_batch(Some(pace)).await;
         (delivered, taken >= strata_core::wire::MAX_BATCH)
     }
@@ -274,7 +273,7 @@ impl Limiter {
         let delivered = events
             .iter()
             .zip(&after)
-            .filter_map(|(e, a)| a.map(|r| (e.cell.key, e.cell.sequence, r.count, e.limit)));
+            .filter_map(|(e, a)| a.map(|r| (e.cell.key, e.cell.sequence, r.count, Some(e.limit))));
         let mut counts = self.global.record_cells(delivered, now_ms).into_iter();
         Ok(after
             .into_iter()

@@ -38,12 +38,16 @@ async fn ratelimit(Json(r): Json<Request>) -> Json<Response> {
     })
 }
 
+/// The endpoint (also the baseline of the gateway's allocation test, `tests/warm_alloc.rs`).
+pub(crate) fn router() -> Router {
+    Router::new().route("/v1/ratelimit", post(ratelimit))
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:8090".into());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    let app = Router::new().route("/v1/ratelimit", post(ratelimit));
-    axum::serve(listener, app).await
+    axum::serve(listener, router()).await
 }

@@ -3,9 +3,10 @@
 //! decisions on a hot key serialize on its shard's lock (held for a few hundred nanoseconds,
 //! never across an await); keys on other shards proceed in parallel.
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
+use foldhash::fast::RandomState;
 use strata_core::origin::OriginPolicy;
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::{CounterTable, Counts, TableConfig, WindowKeyRef};
@@ -35,7 +36,7 @@ impl LocalTables {
             .collect();
         Self {
             shards,
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
         }
     }
 

@@ -2,41 +2,14 @@
 //! allocation made on this test's thread.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
-#![allow(unsafe_code)] // a GlobalAlloc impl is unsafe by definition; it only forwards to System
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
 use strata_core::table::Step;
 use strata_core::{CounterTable, TableConfig, WindowDuration, WindowKeyRef};
 
+mod counting;
 mod support;
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: forwards every call unchanged to the system allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+use counting::allocations;
 
 /// A warm decision, including what it leaves for the replay buffer, allocates nothing.
 #[test]

@@ -6,7 +6,7 @@ pub mod openapi;
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName};
 use axum::http::{HeaderMap, HeaderValue};
@@ -78,6 +78,21 @@ async fn authorized<T: DeserializeOwned>(
     Ok((workspace, body))
 }
 
+/// `body` as JSON with the rate-limit headers of `limits`, its header map sized once for all
+/// of them (filling the map a JSON response comes with would grow it on the way).
+fn limited_json<T: Serialize>(body: T, limits: &[HeaderLimit<'_>], now_ms: u64) -> Response {
+    let Ok(bytes) = serde_json::to_vec(&body) else {
+        // Unreachable for these bodies (plain fields); axum's own answer to such a failure.
+        return Json(body).into_response();
+    };
+    let mut headers = HeaderMap::with_capacity(1 + LIMIT_HEADERS.len());
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    put_limit_headers(&mut headers, limits, now_ms);
+    let mut response = Response::new(Body::from(bytes));
+    *response.headers_mut() = headers;
+    response
+}
+
 /// Adds the rate-limit response headers for the decisions to `headers` (the policy is named
 /// by its namespace). The core writes every value into one buffer; each header value is a
 /// slice of it, so a reply allocates once for all of them and copies nothing.
@@ -85,7 +100,6 @@ fn put_limit_headers(headers: &mut HeaderMap, limits: &[HeaderLimit<'_>], now_ms
     let values = header_values(limits, now_ms);
     let ranges = Field::ALL.map(|f| values.range(f));
     let text = Bytes::from(values.into_text());
-    headers.reserve(Field::ALL.len());
     for (name, range) in LIMIT_HEADERS.iter().zip(ranges) {
         let Some(range) = range else { continue };
         // Always valid: the core writes printable ASCII only.
@@ -126,14 +140,16 @@ async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respo
     let limit = req.validate(workspace)?;
     let decision = gw.limiter.decide(limit).await;
     let now = gw.limiter.clock.now_ms();
-    let mut response = Json(RatelimitResponse::from(&decision)).into_response();
     let described = HeaderLimit {
         policy: limit.key.namespace(),
         duration: limit.key.duration(),
         decision: &decision,
     };
-    put_limit_headers(response.headers_mut(), &[described], now);
-    Ok(response)
+    Ok(limited_json(
+        RatelimitResponse::from(&decision),
+        &[described],
+        now,
+    ))
 }
 
 /// Decides one request against several limits, all or nothing: it is counted against every
@@ -176,9 +192,7 @@ async fn ratelimit_multi(
             .map(RatelimitResponse::from)
             .collect(),
     };
-    let mut response = Json(body).into_response();
-    put_limit_headers(response.headers_mut(), &described, now);
-    Ok(response)
+    Ok(limited_json(body, &described, now))
 }
 
 /// The origin's counts of cells, for an edge's cold or stale cells.

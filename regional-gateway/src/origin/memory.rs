@@ -3,56 +3,83 @@
 //! process merged with `max`, live leases), expiring three windows after its first write, and
 //! atomic decisions under one lock.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use strata_core::ledger::{CellLedger, Counted, origin_check};
-use strata_core::{LimitCheck, WindowKey, decide_all, lease};
+use strata_core::{LimitCheck, WindowKey, WindowKeyRef, decide_all, lease};
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, Replayed};
 
 #[derive(Debug)]
 struct Cell {
+    key: WindowKey,
+    sequence: u64,
     ledger: CellLedger,
     expires_at: u64,
+}
+
+/// Ledgers per `(window key, sequence)`, found by the borrowed key: a replay or a read of a
+/// cell already held copies no key (only a cell's first write does).
+#[derive(Debug, Default)]
+struct Cells {
+    table: HashTable<Cell>,
+    hasher: RandomState,
+}
+
+impl Cells {
+    fn hash(&self, key: WindowKeyRef<'_>, sequence: u64) -> u64 {
+        self.hasher.hash_one((key, sequence))
+    }
+
+    fn get(&self, key: WindowKeyRef<'_>, sequence: u64) -> Option<&Cell> {
+        self.table.find(self.hash(key, sequence), |c| {
+            c.sequence == sequence && c.key.matches(key)
+        })
+    }
+
+    /// The live ledger of a cell, created (or started again, if expired) on first use.
+    fn ledger(&mut self, key: WindowKeyRef<'_>, sequence: u64, now_ms: u64) -> &mut CellLedger {
+        let ttl = key.duration().as_ms().saturating_mul(3);
+        let fresh = || (CellLedger::default(), now_ms.saturating_add(ttl));
+        let hash = self.hash(key, sequence);
+        let hasher = &self.hasher;
+        let cell = self
+            .table
+            .entry(
+                hash,
+                |c| c.sequence == sequence && c.key.matches(key),
+                |c| hasher.hash_one((c.key.as_ref(), c.sequence)),
+            )
+            .or_insert_with(|| {
+                let (ledger, expires_at) = fresh();
+                Cell {
+                    key: key.to_owned_key(),
+                    sequence,
+                    ledger,
+                    expires_at,
+                }
+            })
+            .into_mut();
+        if now_ms >= cell.expires_at {
+            (cell.ledger, cell.expires_at) = fresh();
+        }
+        &mut cell.ledger
+    }
+
+    fn count(&self, key: WindowKeyRef<'_>, sequence: u64, now_ms: u64) -> u64 {
+        self.get(key, sequence)
+            .filter(|c| now_ms < c.expires_at)
+            .map_or(0, |c| c.ledger.count())
+    }
 }
 
 /// Ledgers per `(window key, sequence)`.
 #[derive(Debug, Default)]
 pub struct MemoryOrigin {
-    cells: Mutex<HashMap<(WindowKey, u64), Cell>>,
-}
-
-type Cells = HashMap<(WindowKey, u64), Cell>;
-
-/// The live ledger of a cell, created (or started again, if expired) on first use.
-fn ledger<'c>(
-    cells: &'c mut Cells,
-    key: &WindowKey,
-    sequence: u64,
-    now_ms: u64,
-) -> &'c mut CellLedger {
-    let ttl = key.duration().as_ms().saturating_mul(3);
-    let cell = cells
-        .entry((key.clone(), sequence))
-        .or_insert_with(|| Cell {
-            ledger: CellLedger::default(),
-            expires_at: now_ms.saturating_add(ttl),
-        });
-    if now_ms >= cell.expires_at {
-        *cell = Cell {
-            ledger: CellLedger::default(),
-            expires_at: now_ms.saturating_add(ttl),
-        };
-    }
-    &mut cell.ledger
-}
-
-fn count(cells: &Cells, key: &WindowKey, sequence: u64, now_ms: u64) -> u64 {
-    cells
-        .get(&(key.clone(), sequence))
-        .filter(|c| now_ms < c.expires_at)
-        .map_or(0, |c| c.ledger.count())
+    cells: Mutex<Cells>,
 }
 
 impl MemoryOrigin {
@@ -71,7 +98,7 @@ impl MemoryOrigin {
         let state = self.lock();
         cells
             .iter()
-            .map(|(key, sequence)| count(&state, &key.to_owned_key(), *sequence, now_ms))
+            .map(|(key, sequence)| state.count(*key, *sequence, now_ms))
             .collect()
     }
 
@@ -87,7 +114,7 @@ impl MemoryOrigin {
         cells
             .iter()
             .map(|c| {
-                let l = ledger(&mut state, &c.key.to_owned_key(), c.sequence, now_ms);
+                let l = state.ledger(c.key, c.sequence, now_ms);
                 l.merge_own(instance, c.used);
                 if c.release > 0 {
                     l.release(instance, c.release);
@@ -113,14 +140,13 @@ impl MemoryOrigin {
         lease_ms: u64,
     ) -> DecideAnswer {
         let mut state = self.lock();
-        let keys: Vec<WindowKey> = limits.iter().map(|l| l.key.to_owned_key()).collect();
         let mut mine_leases = Vec::with_capacity(limits.len());
         let checks: Vec<LimitCheck> = limits
             .iter()
-            .zip(&keys)
-            .map(|(l, key)| {
+            .map(|l| {
+                let key = l.key;
                 let sequence = l.key.duration().sequence(now_ms);
-                let current = ledger(&mut state, key, sequence, now_ms);
+                let current = state.ledger(key, sequence, now_ms);
                 current.merge_own(instance, l.used[0]);
                 current.undo(instance, l.undo_from);
                 current.raise(l.floor[0]);
@@ -128,10 +154,10 @@ impl MemoryOrigin {
                     current.release(instance, l.release);
                 }
                 let prev = sequence.saturating_sub(1);
-                let mut previous = std::mem::take(ledger(&mut state, key, prev, now_ms));
+                let mut previous = std::mem::take(state.ledger(key, prev, now_ms));
                 previous.merge_own(instance, l.used[1]);
                 previous.raise(l.floor[1]);
-                let current = ledger(&mut state, key, sequence, now_ms);
+                let current = state.ledger(key, sequence, now_ms);
                 let (check, mine) = origin_check(
                     current,
                     &mut previous,
@@ -142,22 +168,23 @@ impl MemoryOrigin {
                     l.cost,
                     now_ms,
                 );
-                *ledger(&mut state, key, prev, now_ms) = previous;
+                *state.ledger(key, prev, now_ms) = previous;
                 mine_leases.push(mine);
                 check
             })
             .collect();
-        let multi = decide_all(&checks, now_ms, |i, j| keys.get(i) == keys.get(j));
+        let multi = decide_all(&checks, now_ms, |i, j| {
+            limits.get(i).map(|l| l.key) == limits.get(j).map(|l| l.key)
+        });
         let until = lease::reserved_until(now_ms, lease_ms);
         let outcomes = limits
             .iter()
-            .zip(&keys)
             .zip(&multi.decisions)
             .zip(&mine_leases)
-            .map(|(((l, key), decision), mine)| {
+            .map(|((l, decision), mine)| {
                 let sequence = l.key.duration().sequence(now_ms);
-                let previous = count(&state, key, sequence.saturating_sub(1), now_ms);
-                let current = ledger(&mut state, key, sequence, now_ms);
+                let previous = state.count(l.key, sequence.saturating_sub(1), now_ms);
+                let current = state.ledger(l.key, sequence, now_ms);
                 let (mut granted, mut lease_id) = (0, 0);
                 if multi.success {
                     current.add(l.cost);
@@ -195,14 +222,14 @@ impl MemoryOrigin {
     /// Drops expired cells; returns how many.
     pub fn purge_expired(&self, now_ms: u64) -> usize {
         let mut state = self.lock();
-        let before = state.len();
-        state.retain(|_, c| now_ms < c.expires_at);
-        before - state.len()
+        let before = state.table.len();
+        state.table.retain(|c| now_ms < c.expires_at);
+        before - state.table.len()
     }
 
     /// Cells held.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().table.len()
     }
 
     /// Whether no cell is held.

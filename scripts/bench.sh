@@ -10,6 +10,8 @@
 #   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
 #   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
 #   CLUSTER=1 scripts/bench.sh          # also the gateway on a private 3-node Redis Cluster
+#   PIN=1 scripts/bench.sh              # each server on CPU 1, wrk on CPU 0 (taskset): less
+#                                         # noise between rounds; Redis is left unpinned
 #   EXTRA="name=cmd with args" EXTRA_API=limitador scripts/bench.sh
 #                                         # one more contender on 127.0.0.1:8093 (EXTRA_API:
 #                                         # the request shape bench/ratelimit.lua sends it)
@@ -24,6 +26,14 @@ KEYS=${KEYS:-"1 10000"}
 EXTRA=${EXTRA:-}
 EXTRA_API=${EXTRA_API:-strata}
 CLUSTER=${CLUSTER:-0}
+PIN=${PIN:-0}
+SERVER_CPU=()
+WRK_CPU=()
+if [ "$PIN" = 1 ]; then
+  command -v taskset >/dev/null || { echo "bench: PIN=1 needs taskset (util-linux)" >&2; exit 1; }
+  SERVER_CPU=(taskset -c 1)
+  WRK_CPU=(taskset -c 0)
+fi
 
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""
@@ -86,7 +96,7 @@ redis_cpu() { rcli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END {
 start() { # name port command...: starts a contender, waits until it accepts connections
   local name=$1 port=$2
   shift 2
-  "$@" >"$WORK/$name.log" 2>&1 &
+  "${SERVER_CPU[@]}" "$@" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   SERVER=$!
   for _ in $(seq 100); do
@@ -130,7 +140,7 @@ for round in $(seq "$ROUNDS"); do
       api=strata
       [ "$c" = extra ] && api=$EXTRA_API
       # Every key warm first (cold keys are a one-time cost per key, not the steady state).
-      wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api" >/dev/null
+      "${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api" >/dev/null
       rt0=0; cells0=0
       if [ "$port" = 8091 ]; then
         rt0=$(metric_sum 8091 '^strata_origin_calls_total')
@@ -139,7 +149,7 @@ for round in $(seq "$ROUNDS"); do
       rcli config resetstat >/dev/null
       rcpu0=$(redis_cpu)
       cpu0=$(cpu_seconds "$SERVER")
-      out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api")
+      out=$("${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api")
       cpu1=$(cpu_seconds "$SERVER")
       line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
       eval "$(sed 's/^WRK //' <<<"$line")"

@@ -21,6 +21,17 @@ struct Cell {
     expires_at: u64,
 }
 
+impl Cell {
+    fn is(&self, key: WindowKeyRef<'_>, sequence: u64) -> bool {
+        self.sequence == sequence && self.key.matches(key)
+    }
+}
+
+/// Where `(key, sequence)` hashes, for a lookup by the borrowed key and for a held cell alike.
+fn hash(hasher: &RandomState, key: WindowKeyRef<'_>, sequence: u64) -> u64 {
+    hasher.hash_one((key, sequence))
+}
+
 /// Ledgers per `(window key, sequence)`, found by the borrowed key: a replay or a read of a
 /// cell already held copies no key (only a cell's first write does).
 #[derive(Debug, Default)]
@@ -30,28 +41,22 @@ struct Cells {
 }
 
 impl Cells {
-    fn hash(&self, key: WindowKeyRef<'_>, sequence: u64) -> u64 {
-        self.hasher.hash_one((key, sequence))
-    }
-
     fn get(&self, key: WindowKeyRef<'_>, sequence: u64) -> Option<&Cell> {
-        self.table.find(self.hash(key, sequence), |c| {
-            c.sequence == sequence && c.key.matches(key)
-        })
+        self.table
+            .find(hash(&self.hasher, key, sequence), |c| c.is(key, sequence))
     }
 
     /// The live ledger of a cell, created (or started again, if expired) on first use.
     fn ledger(&mut self, key: WindowKeyRef<'_>, sequence: u64, now_ms: u64) -> &mut CellLedger {
         let ttl = key.duration().as_ms().saturating_mul(3);
         let fresh = || (CellLedger::default(), now_ms.saturating_add(ttl));
-        let hash = self.hash(key, sequence);
         let hasher = &self.hasher;
         let cell = self
             .table
             .entry(
-                hash,
-                |c| c.sequence == sequence && c.key.matches(key),
-                |c| hasher.hash_one((c.key.as_ref(), c.sequence)),
+                hash(hasher, key, sequence),
+                |c| c.is(key, sequence),
+                |c| hash(hasher, c.key.as_ref(), c.sequence),
             )
             .or_insert_with(|| {
                 let (ledger, expires_at) = fresh();
@@ -145,7 +150,7 @@ impl MemoryOrigin {
             .iter()
             .map(|l| {
                 let key = l.key;
-                let sequence = l.key.duration().sequence(now_ms);
+                let sequence = key.duration().sequence(now_ms);
                 let current = state.ledger(key, sequence, now_ms);
                 current.merge_own(instance, l.used[0]);
                 current.undo(instance, l.undo_from);

@@ -207,9 +207,8 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
             _ = tick.tick() => {}
             _ = stopped.changed() => break,
         }
-        // Send full batches back to back; wait for the next tick after a short or failed one.
         pass = pass.wrapping_add(1);
-        while let (true, true) = gateway.limiter.replay_pass(pass, interval_ms).await {}
+        gateway.limiter.replay_tick(pass, interval_ms).await;
     }
     let pending = gateway.limiter.unreplayed();
     while gateway.limiter.unreplayed() > 0 {
@@ -344,9 +343,13 @@ async fn janitor_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
             _ = tick.tick() => {}
             _ = stopped.changed() => break,
         }
+        // Each purge is a scan under a lock that holds the worker (a few hundred us at 10,000
+        // keys): requests run between them.
         let now = gateway.limiter.clock.now_ms();
         let local = gateway.limiter.local.purge_expired(now, JANITOR_SCAN);
+        tokio::task::yield_now().await;
         let origin = gateway.limiter.origin.purge_expired(now);
+        tokio::task::yield_now().await;
         let view = gateway.limiter.global.purge_expired(now, JANITOR_SCAN);
         if local + origin + view > 0 {
             tracing::debug!(local, origin, view, "janitor dropped expired cells");

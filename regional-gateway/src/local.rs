@@ -88,28 +88,36 @@ impl LocalTables {
         })
     }
 
-    /// Up to `max` cells holding own cost the origin has not acknowledged, over all shards.
-    /// Quiet cells wait for their turn under `pace` (`None`: every cell goes).
+    /// Up to `max` cells holding own cost the origin has not acknowledged, over the shards
+    /// from `from` on. Quiet cells wait for their turn under `pace` (`None`: every cell goes).
+    /// Also returns the shard to go on from when the batch filled up (`None`: every shard
+    /// from `from` on was walked), so the batches of one pass do not walk the shards before
+    /// it again.
     pub fn take_replay(
         &self,
         max: usize,
         now_ms: u64,
         pace: Option<QuietPace>,
-    ) -> strata_core::replay::ReplayBatch {
+        from: usize,
+    ) -> (strata_core::replay::ReplayBatch, Option<usize>) {
         let mut batch = strata_core::replay::ReplayBatch::default();
-        for i in 0..self.shards.len() {
-            let left = max.saturating_sub(batch.len());
-            if left == 0 {
-                break;
-            }
+        if max == 0 {
+            return (batch, None);
+        }
+        for i in from..self.shards.len() {
+            let left = max - batch.len(); // above 0: the batch fills below
             let mut table = self.guard(i);
             let taken = match pace {
                 Some(pace) => table.take_replay_paced(left, now_ms, pace),
                 None => table.take_replay(left, now_ms),
             };
             batch.events.extend(taken.events);
+            if batch.len() >= max {
+                // The shard may hold more: the next batch starts with it.
+                return (batch, Some(i));
+            }
         }
-        batch
+        (batch, None)
     }
 
     /// Merges the origin's answers to replayed events: each cell's counts, and the lease it

@@ -52,6 +52,7 @@ on_every_origin! {
     a_warm_key_is_decided_locally_under_its_lease(&[]),
     a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(&[]),
     a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass(&[]),
+    a_replay_tick_yields_to_requests_between_batches(&[]),
     health_readiness_and_metrics_answer(&[]),
     a_limit_changed_mid_window_applies_at_once(&[]),
 }
@@ -464,8 +465,8 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
         for id in &quiet {
             assert!(g.limit(None, id, 1_000_000).await.0);
         }
-        let (delivered, full) = g.gateway.limiter.replay_pass(pass, 100).await;
-        assert!(delivered && !full);
+        let tick = g.gateway.limiter.replay_tick(pass, 100).await;
+        assert!(tick.delivered && tick.batches == 1, "{tick:?}");
         let busy = g.post("/v1/origin/read", None, read("busy")).await;
         assert_eq!(
             busy.body["cells"][0]["regional"],
@@ -490,6 +491,49 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
             "{id}: every pass counted"
         );
     }
+}
+
+/// A tick over many cells goes in batches of at most `REPLAY_STEP` cells, every cell once,
+/// and other tasks run between two batches: on the embedded origin nothing in a batch waits,
+/// so without the yield a tick would hold the worker for all of them.
+async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
+    use strata_gateway::limiter::REPLAY_STEP;
+    // The first request of a key is decided at the origin, the second locally under its
+    // lease: one cell of unreplayed cost per key.
+    let keys = 3 * REPLAY_STEP + 10;
+    for i in 0..keys {
+        for _ in 0..2 {
+            assert!(g.limit(None, &format!("k{i}"), 1_000_000).await.0);
+        }
+    }
+    assert_eq!(g.gateway.limiter.unreplayed(), keys);
+    // A task that counts the times it is polled, on the test's one worker.
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = polls.clone();
+    let other = tokio::spawn(async move {
+        loop {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::task::yield_now().await;
+        }
+    });
+    tokio::task::yield_now().await;
+    let before = polls.load(std::sync::atomic::Ordering::Relaxed);
+    // Ticks a second apart: every cell's turn comes on every tick (`QuietPace`).
+    let tick = g.gateway.limiter.replay_tick(1, 1_000).await;
+    let during = polls.load(std::sync::atomic::Ordering::Relaxed) - before;
+    other.abort();
+    assert!(tick.delivered, "{tick:?}");
+    assert_eq!(tick.cells, keys, "every cell once: {tick:?}");
+    assert!(
+        tick.batches >= keys.div_ceil(REPLAY_STEP),
+        "batches of at most {REPLAY_STEP}: {tick:?}"
+    );
+    assert!(
+        during >= tick.batches - 1,
+        "the other task ran {during} times in {} batches",
+        tick.batches
+    );
+    assert_eq!(g.gateway.limiter.unreplayed(), 0);
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {

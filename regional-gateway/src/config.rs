@@ -28,7 +28,7 @@ pub const DEFAULT_READ_RETRY: Duration =
     Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS);
 /// Default bound on one origin call (read, replay, ping).
 pub const DEFAULT_ORIGIN_TIMEOUT: Duration = Duration::from_millis(300);
-/// Default pause between replay batches.
+/// Default pause between replay passes (a pass sends every waiting cell, in batches).
 pub const DEFAULT_REPLAY_INTERVAL: Duration = Duration::from_millis(100);
 /// Default bound on window keys held in the gateway's local tables.
 pub const DEFAULT_TABLE_CAPACITY: usize = 1_000_000;
@@ -176,7 +176,7 @@ layer! {
         #[arg(long, env = "STRATA_ORIGIN_TIMEOUT", value_name = "DURATION")]
         #[default = DEFAULT_ORIGIN_TIMEOUT]
         pub origin_timeout: Option<String>,
-        /// Pause between replay batches of accepted requests to the origin.
+        /// Pause between replay passes of accepted requests to the origin.
         #[arg(long, env = "STRATA_REPLAY_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_REPLAY_INTERVAL]
         pub replay_interval: Option<String>,
@@ -288,7 +288,7 @@ pub struct Settings {
     pub read_retry: Duration,
     /// Bound on one origin call.
     pub origin_timeout: Duration,
-    /// Pause between replay batches.
+    /// Pause between replay passes.
     pub replay_interval: Duration,
     /// Most window keys in local memory.
     pub table_capacity: usize,

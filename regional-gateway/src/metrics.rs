@@ -115,6 +115,7 @@ pub struct Metrics {
     origin_latency: [Histogram; OPS.len()],
     lease_size: Histogram,
     replay_cells: Counter,
+    replay_pass: Histogram,
     leases_renewed: Counter,
     replay_dropped: Counter,
     replay_failed_batches: Counter,
@@ -161,6 +162,7 @@ impl Default for Metrics {
             origin_latency,
             lease_size: Histogram::new(LEASE_BUCKETS),
             replay_cells: Counter::default(),
+            replay_pass: latency_histogram(),
             leases_renewed: Counter::default(),
             replay_dropped: Counter::default(),
             replay_failed_batches: Counter::default(),
@@ -211,6 +213,11 @@ impl Metrics {
             "strata_replay_cells",
             "Cells delivered to the origin by replay",
             self.replay_cells.clone(),
+        );
+        r.register(
+            "strata_replay_pass_seconds",
+            "Wall time of a replay pass: every waiting cell, in batches, requests served between two (near the replay interval, the replay falls behind)",
+            self.replay_pass.clone(),
         );
         r.register(
             "strata_lease_renewals",
@@ -320,6 +327,11 @@ impl Metrics {
     /// Cells delivered to the origin by replay.
     pub fn replayed(&self, cells: usize) {
         self.replay_cells.inc_by(cells as u64);
+    }
+
+    /// A replay pass that took `seconds` of wall time.
+    pub fn replay_pass(&self, seconds: f64) {
+        self.replay_pass.observe(seconds);
     }
 
     /// Leases in use renewed by a replay (each spares a request a round trip).

@@ -534,6 +534,8 @@ async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
         tick.batches
     );
     assert_eq!(g.gateway.limiter.unreplayed(), 0);
+    let m = g.get("/metrics").await.text;
+    assert!(m.contains("strata_replay_pass_seconds_count 1"), "{m}");
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {

@@ -68,6 +68,14 @@ fn expected() -> BTreeSet<String> {
         all.insert(format!("strata_origin_call_seconds_sum{{op={op}}}"));
         all.insert(format!("strata_origin_call_seconds_count{{op={op}}}"));
     }
+    for le in [
+        "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
+        "inf",
+    ] {
+        all.insert(format!("strata_replay_pass_seconds_bucket{{le={le}}}"));
+    }
+    all.insert("strata_replay_pass_seconds_sum".into());
+    all.insert("strata_replay_pass_seconds_count".into());
     for name in [
         "strata_replay_cells_total",
         "strata_lease_renewals_total",
@@ -119,6 +127,7 @@ async fn every_series_dashboards_query_is_exported_in_valid_openmetrics() {
         ("strata_decisions", "counter"),
         ("strata_lease_size", "histogram"),
         ("strata_origin_call_seconds", "histogram"),
+        ("strata_replay_pass_seconds", "histogram"),
         ("strata_replay_queue_cells", "gauge"),
         ("strata_global_writes", "counter"),
     ] {

@@ -221,7 +221,10 @@ impl Limiter {
     /// One tick of the replay loop, the `pass`-th, `interval_ms` after the last: every cell
     /// holding unacknowledged cost, a quiet one only on its turn ([`QuietPace::new`]), sent
     /// in batches of [`REPLAY_STEP`] cells taken shard by shard, with a yield to the requests
-    /// between two batches. A failed batch ends the tick (its cells go with the next).
+    /// between two batches. A failed batch ends the tick (its cells go with the next). Its wall
+    /// time goes to `strata_replay_pass_seconds`: under a load that fills the workers, a pass
+    /// stretches (every waiting request runs between two batches), and one nearing the
+    /// interval says the replay is falling behind.
     pub async fn replay_tick(&self, pass: u32, interval_ms: u64) -> ReplayTick {
         let pace = QuietPace::new(
             pass,
@@ -229,6 +232,7 @@ impl Limiter {
             self.global.policy(),
             self.origin.lease_ms(),
         );
+        let started = std::time::Instant::now();
         let mut tick = ReplayTick {
             delivered: true,
             batches: 0,
@@ -250,6 +254,7 @@ impl Limiter {
             }
             from = next;
         }
+        self.metrics.replay_pass(started.elapsed().as_secs_f64());
         tick
     }
 

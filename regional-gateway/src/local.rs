@@ -11,6 +11,16 @@ use strata_core::origin::OriginPolicy;
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::{CounterTable, Counts, TableConfig, WindowKeyRef};
 
+/// Where a replay pass's next batch goes on: a shard, and a position in its table's list of
+/// touched cells (see `CounterTable::take_replay_from`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayCursor {
+    /// The shard.
+    pub shard: usize,
+    /// The position in its touched list.
+    pub at: usize,
+}
+
 /// Sharded local tables.
 #[derive(Debug)]
 pub struct LocalTables {
@@ -89,32 +99,37 @@ impl LocalTables {
     }
 
     /// Up to `max` cells holding own cost the origin has not acknowledged, over the shards
-    /// from `from` on. Quiet cells wait for their turn under `pace` (`None`: every cell goes).
-    /// Also returns the shard to go on from when the batch filled up (`None`: every shard
-    /// from `from` on was walked), so the batches of one pass do not walk the shards before
-    /// it again.
+    /// from where `from` points on. Quiet cells wait for their turn under `pace` (`None`: every
+    /// cell goes). Also returns where the next batch of the same pass goes on when this one
+    /// filled up (`None`: every shard was looked at), so the batches of a pass look at each
+    /// cell once.
     pub fn take_replay(
         &self,
         max: usize,
         now_ms: u64,
         pace: Option<QuietPace>,
-        from: usize,
-    ) -> (strata_core::replay::ReplayBatch, Option<usize>) {
+        from: ReplayCursor,
+    ) -> (strata_core::replay::ReplayBatch, Option<ReplayCursor>) {
         let mut batch = strata_core::replay::ReplayBatch::default();
         if max == 0 {
             return (batch, None);
         }
-        for i in from..self.shards.len() {
+        for shard in from.shard..self.shards.len() {
+            let at = if shard == from.shard { from.at } else { 0 };
             let left = max - batch.len(); // above 0: the batch fills below
-            let mut table = self.guard(i);
-            let taken = match pace {
-                Some(pace) => table.take_replay_paced(left, now_ms, pace),
-                None => table.take_replay(left, now_ms),
-            };
+            let (taken, next) = self.guard(shard).take_replay_from(left, now_ms, pace, at);
             batch.events.extend(taken.events);
+            if let Some(at) = next {
+                return (batch, Some(ReplayCursor { shard, at }));
+            }
             if batch.len() >= max {
-                // The shard may hold more: the next batch starts with it.
-                return (batch, Some(i));
+                return (
+                    batch,
+                    Some(ReplayCursor {
+                        shard: shard + 1,
+                        at: 0,
+                    }),
+                );
             }
         }
         (batch, None)

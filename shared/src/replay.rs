@@ -250,7 +250,7 @@ impl QuietPace {
 impl CounterTable {
     /// [`take_replay`](Self::take_replay), with quiet cells paced by `pace`.
     pub fn take_replay_paced(&mut self, max: usize, now_ms: u64, pace: QuietPace) -> ReplayBatch {
-        self.take_events(max, now_ms, Some(pace))
+        self.take_replay_from(max, now_ms, Some(pace), 0).0
     }
 
     /// Up to `max` cells holding own cost the origin has not acknowledged, and leases near
@@ -259,10 +259,23 @@ impl CounterTable {
     /// [`ack_replay`](Self::ack_replay) records the answer, and a failed batch needs nothing
     /// (the next one carries the same values or larger; a released lease stays released).
     pub fn take_replay(&mut self, max: usize, now_ms: u64) -> ReplayBatch {
-        self.take_events(max, now_ms, None)
+        self.take_replay_from(max, now_ms, None, 0).0
     }
 
-    fn take_events(&mut self, max: usize, now_ms: u64, pace: Option<QuietPace>) -> ReplayBatch {
+    /// One of the takes of a replay pass that sends its cells in several batches: up to `max`
+    /// cells as [`take_replay`](Self::take_replay) gives them (quiet ones paced by `pace`, if
+    /// any), walking the table's touched cells from `from`, the position the pass's previous
+    /// take returned (0 for its first). Returns where the next take of the pass goes on, or
+    /// `None` once every touched cell was looked at. A pass so looks at each cell once,
+    /// however many batches it sends; a cell used again behind that position goes with the
+    /// next pass.
+    pub fn take_replay_from(
+        &mut self,
+        max: usize,
+        now_ms: u64,
+        pace: Option<QuietPace>,
+        from: usize,
+    ) -> (ReplayBatch, Option<usize>) {
         let mut events = Vec::new();
         let renew_within = if self.config().renew_leases {
             renewal_window(self.config().origin.lease_ms)
@@ -270,8 +283,14 @@ impl CounterTable {
             0
         };
         let slab = &mut self.slab;
-        let mut j = 0;
-        while j < slab.touched.len() && events.len() < max {
+        // Only this walk removes from the list, by swapping its last entry into the place
+        // it looks at next, and a use adds at the end: the entries before `from` are the
+        // ones an earlier take of the pass looked at.
+        let mut j = from;
+        while j < slab.touched.len() {
+            if events.len() >= max {
+                return (ReplayBatch { events }, Some(j));
+            }
             let turn = slab.touched[j];
             let i = turn as usize;
             let live = slab.is_live(i);
@@ -295,7 +314,7 @@ impl CounterTable {
             }
             j += 1;
         }
-        ReplayBatch { events }
+        (ReplayBatch { events }, None)
     }
 
     /// Merges a replay answer: `counts[i]` is the origin's count of event `i`'s cell after it

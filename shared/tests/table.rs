@@ -362,6 +362,52 @@ fn the_replay_carries_cumulative_counts_and_a_repeat_is_harmless() {
 }
 
 #[test]
+fn the_batches_of_one_pass_look_at_each_cell_once() {
+    let mut t = small(100);
+    let ids = names(10);
+    for id in &ids {
+        warm(&mut t, key(id), 100, 10);
+        assert!(matches!(t.check(key(id), 100, 1, T0 + 1), Step::Decided(d) if d.success));
+    }
+    // Batches of three, each acknowledged before the next is taken, as the gateway does.
+    let (mut from, mut seen) = (Some(0), Vec::new());
+    while let Some(at) = from {
+        let (batch, next) = t.take_replay_from(3, T0 + 2, None, at);
+        assert!(batch.len() <= 3);
+        t.ack_replay(&batch, &vec![Counts::default(); batch.len()]);
+        seen.extend(
+            batch
+                .events
+                .iter()
+                .map(|e| e.key.as_ref().identifier().to_string()),
+        );
+        if next.is_none() && batch.is_empty() {
+            break;
+        }
+        from = next;
+    }
+    seen.sort();
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(seen, all, "every cell once");
+    // A cell used again behind the position waits for the next pass.
+    let (none, next) = t.take_replay_from(1, T0 + 3, None, 0);
+    assert!(none.is_empty() && next.is_none(), "all acknowledged");
+    assert!(matches!(t.check(key(&ids[0]), 100, 1, T0 + 4), Step::Decided(d) if d.success));
+    let (batch, next) = t.take_replay_from(1, T0 + 4, None, 0);
+    assert_eq!(batch.len(), 1);
+    t.ack_replay(&batch, &[Counts::default()]);
+    let Some(at) = next else {
+        panic!("a full batch says where to go on");
+    };
+    assert!(matches!(t.check(key(&ids[0]), 100, 1, T0 + 5), Step::Decided(d) if d.success));
+    let (rest, _) = t.take_replay_from(10, T0 + 5, None, at);
+    assert!(rest.is_empty(), "behind the position: {rest:?}");
+    let (next_pass, _) = t.take_replay_from(10, T0 + 6, None, 0);
+    assert_eq!(next_pass.len(), 1, "the next pass takes it");
+}
+
+#[test]
 fn an_unused_lease_near_the_limit_goes_back_with_the_replay() {
     let mut t = small(100);
     // A minute window: the idle time passes within it.

@@ -19,7 +19,7 @@ use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayRef};
 use strata_core::{Counts, Decision, MultiDecision, OriginAnswer, WindowKeyRef};
 
 use crate::clock::Clock;
-use crate::local::LocalTables;
+use crate::local::{LocalTables, ReplayCursor};
 use crate::metrics::{Metrics, Source};
 use crate::origin::{CellUsed, DecideAnswer, DecideLimit, OriginClient, OriginError};
 
@@ -213,18 +213,18 @@ impl Limiter {
     /// carries them.
     pub async fn replay_once(&self) -> bool {
         let (delivered, _, _) = self
-            .replay_batch(None, strata_core::wire::MAX_BATCH, 0)
+            .replay_batch(None, strata_core::wire::MAX_BATCH, ReplayCursor::default())
             .await;
         delivered
     }
 
     /// One tick of the replay loop, the `pass`-th, `interval_ms` after the last: every cell
     /// holding unacknowledged cost, a quiet one only on its turn ([`QuietPace::new`]), sent
-    /// in batches of [`REPLAY_STEP`] cells taken shard by shard, with a yield to the requests
-    /// between two batches. A failed batch ends the tick (its cells go with the next). Its wall
-    /// time goes to `strata_replay_pass_seconds`: under a load that fills the workers, a pass
-    /// stretches (every waiting request runs between two batches), and one nearing the
-    /// interval says the replay is falling behind.
+    /// in batches of [`REPLAY_STEP`] cells, each taken from where the last stopped, with a
+    /// yield to the requests between two. A failed batch ends the tick (its cells go with the
+    /// next). Its wall time goes to `strata_replay_pass_seconds`: under a load that fills the
+    /// workers, a pass stretches (every waiting request runs between two batches), and one
+    /// nearing the interval says the replay is falling behind.
     pub async fn replay_tick(&self, pass: u32, interval_ms: u64) -> ReplayTick {
         let pace = QuietPace::new(
             pass,
@@ -238,12 +238,12 @@ impl Limiter {
             batches: 0,
             cells: 0,
         };
-        let mut from = Some(0);
-        while let Some(shard) = from {
+        let mut from = Some(ReplayCursor::default());
+        while let Some(cursor) = from {
             if tick.batches > 0 {
                 tokio::task::yield_now().await;
             }
-            let (delivered, taken, next) = self.replay_batch(Some(pace), REPLAY_STEP, shard).await;
+            let (delivered, taken, next) = self.replay_batch(Some(pace), REPLAY_STEP, cursor).await;
             if taken > 0 {
                 tick.batches += 1;
                 tick.cells += taken;
@@ -258,15 +258,15 @@ impl Limiter {
         tick
     }
 
-    /// Takes up to `max` cells from the shards from `from` on and sends them to the origin.
-    /// Returns whether they were delivered, how many were taken, and the shard the next
-    /// batch of the same pass starts from (`None`: none left).
+    /// Takes up to `max` cells from where `from` points on and sends them to the origin.
+    /// Returns whether they were delivered, how many were taken, and where the next batch of
+    /// the same pass goes on (`None`: every cell was looked at).
     async fn replay_batch(
         &self,
         pace: Option<QuietPace>,
         max: usize,
-        from: usize,
-    ) -> (bool, usize, Option<usize>) {
+        from: ReplayCursor,
+    ) -> (bool, usize, Option<ReplayCursor>) {
         let now = self.clock.now_ms();
         let (batch, next) = self.local.take_replay(max, now, pace, from);
         if batch.is_empty() {

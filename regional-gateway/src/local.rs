@@ -116,20 +116,12 @@ impl LocalTables {
         }
         for shard in from.shard..self.shards.len() {
             let at = if shard == from.shard { from.at } else { 0 };
-            let left = max - batch.len(); // above 0: the batch fills below
+            // A full batch asks the next shard for nothing, and learns where to go on.
+            let left = max.saturating_sub(batch.len());
             let (taken, next) = self.guard(shard).take_replay_from(left, now_ms, pace, at);
             batch.events.extend(taken.events);
             if let Some(at) = next {
                 return (batch, Some(ReplayCursor { shard, at }));
-            }
-            if batch.len() >= max {
-                return (
-                    batch,
-                    Some(ReplayCursor {
-                        shard: shard + 1,
-                        at: 0,
-                    }),
-                );
             }
         }
         (batch, None)

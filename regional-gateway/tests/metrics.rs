@@ -31,6 +31,11 @@ fn series(line: &str) -> String {
     format!("{name}{{{}}}", labels.join(","))
 }
 
+/// The bucket bounds of the gateway's histograms in seconds.
+const SECONDS_BUCKETS: [&str; 12] = [
+    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "inf",
+];
+
 /// What the hand-written exposition exported (before `prometheus-client`).
 fn expected() -> BTreeSet<String> {
     let mut all = BTreeSet::new();
@@ -57,10 +62,7 @@ fn expected() -> BTreeSet<String> {
                 "strata_origin_calls_total{{op={op},result={result}}}"
             ));
         }
-        for le in [
-            "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
-            "1", "inf",
-        ] {
+        for le in SECONDS_BUCKETS {
             all.insert(format!(
                 "strata_origin_call_seconds_bucket{{le={le},op={op}}}"
             ));
@@ -68,10 +70,7 @@ fn expected() -> BTreeSet<String> {
         all.insert(format!("strata_origin_call_seconds_sum{{op={op}}}"));
         all.insert(format!("strata_origin_call_seconds_count{{op={op}}}"));
     }
-    for le in [
-        "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
-        "inf",
-    ] {
+    for le in SECONDS_BUCKETS {
         all.insert(format!("strata_replay_pass_seconds_bucket{{le={le}}}"));
     }
     all.insert("strata_replay_pass_seconds_sum".into());

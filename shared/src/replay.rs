@@ -248,11 +248,6 @@ impl QuietPace {
 }
 
 impl CounterTable {
-    /// [`take_replay`](Self::take_replay), with quiet cells paced by `pace`.
-    pub fn take_replay_paced(&mut self, max: usize, now_ms: u64, pace: QuietPace) -> ReplayBatch {
-        self.take_replay_from(max, now_ms, Some(pace), 0).0
-    }
-
     /// Up to `max` cells holding own cost the origin has not acknowledged, and leases near
     /// the limit that went unused for a replay interval, released (see
     /// [`WindowState::idle_lease`]). Cells stay in the table as they are:

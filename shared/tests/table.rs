@@ -381,9 +381,6 @@ fn the_batches_of_one_pass_look_at_each_cell_once() {
                 .iter()
                 .map(|e| e.key.as_ref().identifier().to_string()),
         );
-        if next.is_none() && batch.is_empty() {
-            break;
-        }
         from = next;
     }
     seen.sort();
@@ -532,11 +529,11 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
             assert!(matches!(t.check(*k, limit, 1, now), Step::Decided(d) if d.success));
         }
         pace.pass = pass as u32;
-        let batch = t.take_replay_paced(1_000, now, pace);
+        let batch = t.take_replay_from(1_000, now, Some(pace), 0).0;
         let counts = vec![Counts::default(); batch.len()];
         // A second take in the same pass finds nothing more.
         t.ack_replay(&batch, &counts);
-        assert!(t.take_replay_paced(1_000, now, pace).is_empty());
+        assert!(t.take_replay_from(1_000, now, Some(pace), 0).0.is_empty());
         for e in &batch.events {
             seen.entry(e.key.as_ref().identifier().to_string())
                 .or_default()
@@ -571,10 +568,10 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
         Step::Decided(_)
     ));
     pace.pass = 1;
-    let held = t.take_replay_paced(1_000, late - 100, pace);
+    let held = t.take_replay_from(1_000, late - 100, Some(pace), 0).0;
     pace.pass = 2;
     let gone = if held.is_empty() {
-        t.take_replay_paced(1_000, late, pace)
+        t.take_replay_from(1_000, late, Some(pace), 0).0
     } else {
         held
     };

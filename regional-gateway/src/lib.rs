@@ -47,8 +47,6 @@ use crate::origin::{MemoryOrigin, Origin, OriginClient, RedisOrigin};
 
 /// How often expired cells leave local memory and the embedded origin.
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
-/// Slots each shard's janitor pass looks at.
-const JANITOR_SCAN: usize = 20_000;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -343,16 +341,15 @@ async fn janitor_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
             _ = tick.tick() => {}
             _ = stopped.changed() => break,
         }
-        // Each purge is a scan under a lock that holds the worker (a few hundred us at 10,000
-        // keys): requests run between them.
-        let now = gateway.limiter.clock.now_ms();
-        let local = gateway.limiter.local.purge_expired(now, JANITOR_SCAN);
-        tokio::task::yield_now().await;
-        let origin = gateway.limiter.origin.purge_expired(now);
-        tokio::task::yield_now().await;
-        let view = gateway.limiter.global.purge_expired(now, JANITOR_SCAN);
-        if local + origin + view > 0 {
-            tracing::debug!(local, origin, view, "janitor dropped expired cells");
+        let p = gateway.limiter.janitor_pass().await;
+        if p.local + p.origin + p.view > 0 {
+            tracing::debug!(
+                local = p.local,
+                origin = p.origin,
+                view = p.view,
+                steps = p.steps,
+                "janitor dropped expired cells"
+            );
         }
     }
 }

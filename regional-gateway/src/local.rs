@@ -161,10 +161,15 @@ impl LocalTables {
         })
     }
 
-    /// Drops expired entries from every shard, a bounded scan each; returns how many.
-    pub fn purge_expired(&self, now_ms: u64, max_scan_per_shard: usize) -> usize {
-        (0..self.shards.len())
-            .map(|i| self.guard(i).purge_expired(now_ms, max_scan_per_shard))
-            .sum()
+    /// How many shards the tables are split into.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Drops expired entries from shard `shard`, a scan of up to `max_scan` slots from where
+    /// its last one stopped; returns how many. One shard at a time, so a janitor can let
+    /// requests run between two.
+    pub fn purge_expired(&self, shard: usize, now_ms: u64, max_scan: usize) -> usize {
+        self.guard(shard).purge_expired(now_ms, max_scan)
     }
 }

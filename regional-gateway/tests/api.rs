@@ -507,21 +507,8 @@ async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
         }
     }
     assert_eq!(g.gateway.limiter.unreplayed(), keys);
-    // A task that counts the times it is polled, on the test's one worker.
-    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = polls.clone();
-    let other = tokio::spawn(async move {
-        loop {
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tokio::task::yield_now().await;
-        }
-    });
-    tokio::task::yield_now().await;
-    let before = polls.load(std::sync::atomic::Ordering::Relaxed);
     // Ticks a second apart: every cell's turn comes on every tick (`QuietPace`).
-    let tick = g.gateway.limiter.replay_tick(1, 1_000).await;
-    let during = polls.load(std::sync::atomic::Ordering::Relaxed) - before;
-    other.abort();
+    let (tick, during) = polled_during(g.gateway.limiter.replay_tick(1, 1_000)).await;
     assert!(tick.delivered, "{tick:?}");
     assert_eq!(tick.cells, keys, "every cell once: {tick:?}");
     assert!(
@@ -536,6 +523,81 @@ async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
     assert_eq!(g.gateway.limiter.unreplayed(), 0);
     let m = g.get("/metrics").await.text;
     assert!(m.contains("strata_replay_pass_seconds_count 1"), "{m}");
+}
+
+/// Runs `work` beside a task that counts the times it is polled, on the test's one worker:
+/// what `work` returns, and how often the other task ran meanwhile (only when `work` yields).
+async fn polled_during<T>(work: impl std::future::Future<Output = T>) -> (T, usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let polls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = polls.clone();
+    let other = tokio::spawn(async move {
+        loop {
+            counter.fetch_add(1, Ordering::Relaxed);
+            tokio::task::yield_now().await;
+        }
+    });
+    tokio::task::yield_now().await;
+    let before = polls.load(Ordering::Relaxed);
+    let out = work.await;
+    let during = polls.load(Ordering::Relaxed) - before;
+    other.abort();
+    (out, during)
+}
+
+/// A janitor pass drops what expired from the local tables and the embedded origin, in steps
+/// (a shard at a time, the origin's subtables a bounded run of buckets at a time), and other tasks
+/// run between two: at a million keys one sweep of everything held a worker for tens of
+/// milliseconds.
+#[tokio::test]
+async fn a_janitor_pass_drops_what_expired_in_steps_that_yield() {
+    use strata_core::table::LimitRequest;
+    let g = gateway(Backend::Memory, &[]).await;
+    let limiter = &g.gateway.limiter;
+    // Each cold key is decided at the origin, which keeps two cells for it (its window's and
+    // the one before).
+    let keys = 2_000;
+    let ids: Vec<String> = (0..keys).map(|i| format!("j{i}")).collect();
+    for id in &ids {
+        let key = strata_core::WindowKeyRef::new(
+            "default",
+            "api",
+            id,
+            strata_core::WindowDuration::from_ms(60_000).unwrap(),
+        )
+        .unwrap();
+        let d = limiter
+            .decide(LimitRequest {
+                key,
+                limit: 100,
+                cost: 1,
+            })
+            .await;
+        assert!(d.success);
+    }
+    assert!(limiter.replay_once().await);
+    let live = limiter.janitor_pass().await;
+    assert_eq!(
+        (live.local, live.origin),
+        (0, 0),
+        "nothing expired yet: {live:?}"
+    );
+    // Past every cell's expiry: the origin's three windows, the tables' two.
+    g.clock.advance(4 * 60_000);
+    let (purged, during) = polled_during(limiter.janitor_pass()).await;
+    assert_eq!(purged.local, keys, "{purged:?}");
+    assert_eq!(purged.origin, 2 * keys, "{purged:?}");
+    let shards = limiter.local.shard_count();
+    assert!(
+        purged.steps >= shards + 3,
+        "a step per shard, one or more per subtable of the origin, one for the view: {purged:?}"
+    );
+    assert!(
+        during >= purged.steps - 1,
+        "the other task ran {during} times in {} steps",
+        purged.steps
+    );
+    assert_eq!(limiter.janitor_pass().await.origin, 0, "all gone");
 }
 
 async fn health_readiness_and_metrics_answer(g: TestGateway) {

@@ -94,7 +94,10 @@ impl Slab {
     pub(crate) fn new(capacity: usize, seed: u64, keep_unpublished: bool) -> Self {
         Self {
             keep_unpublished,
-            index: HashTable::new(),
+            // Sized for the capacity at once: growing rehashes every key, each a read of its
+            // slot's key, and at a million keys that held a gateway's worker for tens of
+            // milliseconds. Five bytes a bucket, committed as the buckets fill.
+            index: HashTable::with_capacity(capacity),
             slots: Vec::new(),
             clock: Vec::new(),
             free: Vec::new(),
@@ -310,6 +313,21 @@ pub(crate) fn slot_id(i: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The index is sized for the capacity when the slab is made: filling the table never
+    /// rehashes it (which, at a million keys, read every slot's key in one go).
+    #[test]
+    fn filling_the_table_never_regrows_its_index() {
+        let mut slab = Slab::new(5_000, 7, false);
+        let size = slab.index.allocation_size();
+        let ids: Vec<alloc::string::String> = (0..5_000).map(|i| alloc::format!("k{i}")).collect();
+        let d = crate::WindowDuration::from_ms(60_000).unwrap();
+        for id in &ids {
+            slab.slot(WindowKeyRef::new("ws", "ns", id, d).unwrap(), 0, false);
+        }
+        assert_eq!(slab.len(), 5_000);
+        assert_eq!(slab.index.allocation_size(), size);
+    }
 
     #[test]
     fn a_slot_is_232_bytes() {

@@ -4,10 +4,12 @@
 //! around locks and awaits: no lock is held across an await.
 
 mod inflight;
+mod janitor;
 mod multi;
 
 pub use inflight::InFlight;
 use inflight::Turn;
+pub use janitor::{JANITOR_SCAN, ORIGIN_PURGE_STEP, Purged};
 
 use std::sync::Arc;
 

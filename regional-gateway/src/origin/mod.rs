@@ -12,7 +12,7 @@ use strata_core::WindowKeyRef;
 use crate::breaker::Breaker;
 use crate::metrics::Metrics;
 
-pub use memory::MemoryOrigin;
+pub use memory::{MemoryOrigin, PurgeCursor};
 pub use redis::RedisOrigin;
 
 /// Why an origin call failed.
@@ -289,11 +289,17 @@ impl OriginClient {
         .await
     }
 
-    /// Drops expired cells held in process memory (the embedded origin); Redis expires its own.
-    pub fn purge_expired(&self, now_ms: u64) -> usize {
+    /// Drops expired cells held in process memory (the embedded origin), one step of a pass
+    /// ([`MemoryOrigin::purge_expired`]); Redis expires its own.
+    pub fn purge_expired(
+        &self,
+        now_ms: u64,
+        from: PurgeCursor,
+        max: usize,
+    ) -> (usize, Option<PurgeCursor>) {
         match &self.origin {
-            Origin::Memory(m) => m.purge_expired(now_ms),
-            Origin::Redis(_) => 0,
+            Origin::Memory(m) => m.purge_expired(now_ms, from, max),
+            Origin::Redis(_) => (0, None),
         }
     }
 

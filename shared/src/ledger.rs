@@ -10,8 +10,8 @@
 //!   counts every live lease as used (the caller's too: its in-flight local passes may be
 //!   using it). A live ceiling is only ever raised, so a holder may merge answers in any order.
 
-use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
+use alloc::vec::Vec;
 
 use crate::decision::{Counts, LimitCheck, WindowCounts};
 use crate::window::WindowDuration;
@@ -30,14 +30,25 @@ pub struct Lease {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CellLedger {
     count: u64,
-    own: BTreeMap<String, u64>,
-    leases: BTreeMap<String, Lease>,
-    /// The last lease id granted per process, kept when its lease is dropped, so ids never
-    /// repeat (a holder ignores an id it has seen).
-    last_ids: BTreeMap<String, u64>,
-    /// The last call counted here per process: its id, cost and the lease it granted (so a
-    /// process that never learned the outcome can have it undone).
-    counted: BTreeMap<String, Counted>,
+    /// One entry per process that wrote to the cell (usually one or a few, so a short list
+    /// beats a map: one allocation a cell, found by a scan of a cache line or two).
+    holders: Vec<Holder>,
+}
+
+/// What the origin keeps for one process on one cell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Holder {
+    instance: String,
+    /// Its cumulative own count.
+    own: u64,
+    /// Its lease, live or not yet found expired.
+    lease: Option<Lease>,
+    /// The last lease id granted to it, kept when its lease is dropped, so ids never repeat
+    /// (a holder ignores an id it has seen).
+    last_id: u64,
+    /// Its last call counted here: the id, cost and the lease it granted (so a process that
+    /// never learned the outcome can have it undone).
+    counted: Option<Counted>,
 }
 
 /// A pass counted at the origin for a call.
@@ -57,9 +68,33 @@ impl CellLedger {
         self.count
     }
 
+    fn holder(&self, instance: &str) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.instance == instance)
+    }
+
+    /// `instance`'s entry, made on its first write.
+    fn holder_mut(&mut self, instance: &str) -> &mut Holder {
+        let i = match self.holders.iter().position(|h| h.instance == instance) {
+            Some(i) => i,
+            None => {
+                // Exactly one more: most cells only ever have one or two writers.
+                self.holders.reserve_exact(1);
+                self.holders.push(Holder {
+                    instance: instance.to_string(),
+                    own: 0,
+                    lease: None,
+                    last_id: 0,
+                    counted: None,
+                });
+                self.holders.len() - 1
+            }
+        };
+        &mut self.holders[i]
+    }
+
     /// `instance`'s cumulative count as the origin holds it.
     pub fn own(&self, instance: &str) -> u64 {
-        self.own.get(instance).copied().unwrap_or(0)
+        self.holder(instance).map_or(0, |h| h.own)
     }
 
     /// Merges `instance`'s cumulative count with `max`; the count grows by the difference.
@@ -67,10 +102,11 @@ impl CellLedger {
         if used == 0 {
             return;
         }
-        let held = self.own.entry(instance.to_string()).or_insert(0);
-        if used > *held {
-            self.count = self.count.saturating_add(used - *held);
-            *held = used;
+        let h = self.holder_mut(instance);
+        let held = h.own;
+        if used > held {
+            h.own = used;
+            self.count = self.count.saturating_add(used - held);
         }
     }
 
@@ -88,7 +124,7 @@ impl CellLedger {
     /// Remembers what `instance`'s call counted here (a call id of 0 is not remembered).
     pub fn record(&mut self, instance: &str, counted: Counted) {
         if counted.call != 0 {
-            self.counted.insert(instance.to_string(), counted);
+            self.holder_mut(instance).counted = Some(counted);
         }
     }
 
@@ -96,13 +132,13 @@ impl CellLedger {
     /// process never learned the outcome and decided that request itself. Returns the cost
     /// taken back.
     pub fn undo(&mut self, instance: &str, from: u64) -> u64 {
-        let Some(c) = self.counted.get(instance).copied() else {
+        let Some(c) = self.holder(instance).and_then(|h| h.counted) else {
             return 0;
         };
         if from == 0 || c.call < from {
             return 0;
         }
-        self.counted.remove(instance);
+        self.holder_mut(instance).counted = None;
         self.count = self.count.saturating_sub(c.cost);
         if c.lease_id != 0 {
             self.release(instance, c.lease_id);
@@ -113,39 +149,44 @@ impl CellLedger {
     /// What live leases may still admit at `now_ms`: the other processes' and
     /// `instance`'s own. Expired leases are dropped.
     pub fn reserved(&mut self, instance: &str, now_ms: u64) -> (u64, u64) {
-        self.leases.retain(|_, l| now_ms < l.until_ms);
-        let own = &self.own;
-        self.leases.iter().fold((0, 0), |(others, mine), (i, l)| {
-            let left = l.ceiling.saturating_sub(own.get(i).copied().unwrap_or(0));
-            if i == instance {
-                (others, mine.saturating_add(left))
-            } else {
-                (others.saturating_add(left), mine)
+        let (mut others, mut mine) = (0_u64, 0_u64);
+        for h in &mut self.holders {
+            let Some(l) = h.lease else { continue };
+            if now_ms >= l.until_ms {
+                h.lease = None;
+                continue;
             }
-        })
+            let left = l.ceiling.saturating_sub(h.own);
+            if h.instance == instance {
+                mine = mine.saturating_add(left);
+            } else {
+                others = others.saturating_add(left);
+            }
+        }
+        (others, mine)
     }
 
     /// Grants `instance` a lease of `lease` beyond its own count until `until_ms`; a live
     /// ceiling is only raised (the holder may be passing under it while this answer travels).
     /// Returns the lease it holds now (its ceiling minus own count) and its id (0: none).
     pub fn lease(&mut self, instance: &str, lease: u64, now_ms: u64, until_ms: u64) -> (u64, u64) {
-        let own = self.own(instance);
-        let live = self
-            .leases
-            .get(instance)
-            .filter(|l| now_ms < l.until_ms)
-            .map_or(0, |l| l.ceiling);
+        let (own, live) = self.holder(instance).map_or((0, 0), |h| {
+            let live = h
+                .lease
+                .filter(|l| now_ms < l.until_ms)
+                .map_or(0, |l| l.ceiling);
+            (h.own, live)
+        });
         let ceiling = live.max(own.saturating_add(lease));
         if ceiling <= own {
             return (0, 0);
         }
         // Ids strictly increase per holder (across dropped leases too), so a release names
         // exactly one grant and a holder recognises a new one.
-        let last = self.last_ids.entry(instance.to_string()).or_insert(0);
-        let until_ms = until_ms.max(last.saturating_add(1));
-        *last = until_ms;
-        self.leases
-            .insert(instance.to_string(), Lease { ceiling, until_ms });
+        let h = self.holder_mut(instance);
+        let until_ms = until_ms.max(h.last_id.saturating_add(1));
+        h.last_id = until_ms;
+        h.lease = Some(Lease { ceiling, until_ms });
         (ceiling - own, until_ms)
     }
 
@@ -154,18 +195,20 @@ impl CellLedger {
     /// if `id` is no longer the holder's live lease (expired, released or replaced: the
     /// holder then asks with its next decision, as it would have).
     pub fn renew(&mut self, instance: &str, id: u64, now_ms: u64, until_ms: u64) -> u64 {
-        let Some(lease) = self
-            .leases
-            .get_mut(instance)
+        let Some(h) = self.holders.iter_mut().find(|h| h.instance == instance) else {
+            return 0;
+        };
+        let Some(lease) = h
+            .lease
+            .as_mut()
             .filter(|l| l.until_ms == id && now_ms < l.until_ms)
         else {
             return 0;
         };
-        let last = self.last_ids.entry(instance.to_string()).or_insert(0);
         let until_ms = until_ms
-            .max(last.saturating_add(1))
+            .max(h.last_id.saturating_add(1))
             .max(id.saturating_add(1));
-        *last = until_ms;
+        h.last_id = until_ms;
         lease.until_ms = until_ms;
         until_ms
     }
@@ -173,23 +216,25 @@ impl CellLedger {
     /// Drops `instance`'s lease `id` (it stopped using it first), unless a newer grant
     /// replaced it.
     pub fn release(&mut self, instance: &str, id: u64) {
-        if self.leases.get(instance).is_some_and(|l| l.until_ms == id) {
-            self.leases.remove(instance);
+        if let Some(h) = self.holders.iter_mut().find(|h| h.instance == instance)
+            && h.lease.is_some_and(|l| l.until_ms == id)
+        {
+            h.lease = None;
         }
     }
 
     /// Leases held, live or not yet found expired.
     pub fn leases(&self) -> usize {
-        self.leases.len()
+        self.holders.iter().filter(|h| h.lease.is_some()).count()
     }
 
     /// Live leases at `now_ms`, counting `instance` as one whether it holds one or not (the
     /// grant it is about to get).
     pub fn holders(&self, instance: &str, now_ms: u64) -> u64 {
         let others = self
-            .leases
+            .holders
             .iter()
-            .filter(|(i, l)| i.as_str() != instance && now_ms < l.until_ms)
+            .filter(|h| h.instance != instance && h.lease.is_some_and(|l| now_ms < l.until_ms))
             .count();
         u64::try_from(others).unwrap_or(u64::MAX).saturating_add(1)
     }
@@ -249,6 +294,29 @@ pub fn used_on(origin_sequence: u64, caller_sequence: u64, used: [u64; 2]) -> [u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Everything the origin keeps for one writer of a cell (own count, lease, last id, last
+    /// call) is one entry of one allocation: an embedded origin holds millions of cells.
+    #[test]
+    fn one_writer_is_one_entry_of_one_allocation() {
+        let mut c = CellLedger::default();
+        c.merge_own("a", 2);
+        let (_, id) = c.lease("a", 10, 0, 5_000);
+        c.record(
+            "a",
+            Counted {
+                call: 1,
+                cost: 1,
+                lease_id: id,
+            },
+        );
+        assert!(c.renew("a", id, 1, 6_000) > id);
+        c.merge_own("a", 4);
+        assert_eq!((c.holders.len(), c.holders.capacity()), (1, 1));
+        c.merge_own("b", 1);
+        assert_eq!((c.holders.len(), c.holders.capacity()), (2, 2));
+        assert_eq!((c.count(), c.own("a"), c.own("b")), (5, 4, 1));
+    }
 
     #[test]
     fn own_counts_merge_with_max_so_a_repeat_counts_once() {

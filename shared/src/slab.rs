@@ -135,15 +135,6 @@ impl Slab {
             .map(|&i| i as usize)
     }
 
-    /// Live slots with their keys and states.
-    pub(crate) fn live(&self) -> impl Iterator<Item = &Slot> + '_ {
-        self.slots
-            .iter()
-            .zip(&self.clock)
-            .filter(|(_, c)| **c != Clock::Vacant)
-            .map(|(s, _)| s)
-    }
-
     /// Whether slot `i` holds a live entry.
     pub(crate) fn is_live(&self, i: usize) -> bool {
         self.clock.get(i).is_some_and(|c| *c != Clock::Vacant)

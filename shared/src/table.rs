@@ -349,7 +349,33 @@ impl CounterTable {
     /// The cells a flush should publish at `now_ms`, in unique-key order.
     pub fn flush_candidates(&self, policy: &PublishPolicy, now_ms: u64) -> Vec<FlushRow> {
         let mut rows = Vec::new();
-        for slot in self.slab.live() {
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self.flush_candidates_from(policy, now_ms, at, usize::MAX, &mut rows);
+        }
+        sort_flush_rows(&mut rows);
+        rows
+    }
+
+    /// One step of [`flush_candidates`](Self::flush_candidates) over a large table: the rows
+    /// of up to `max` slots from slot `from` on, added to `rows` (unsorted: sort the whole
+    /// with [`sort_flush_rows`] once every step is done). Returns the slot the next step
+    /// starts at, or `None` at the end. A shell that holds the table behind a lock takes it
+    /// once per step: at a million keys one walk of every slot took milliseconds.
+    pub fn flush_candidates_from(
+        &self,
+        policy: &PublishPolicy,
+        now_ms: u64,
+        from: usize,
+        max: usize,
+        rows: &mut Vec<FlushRow>,
+    ) -> Option<usize> {
+        let end = from.saturating_add(max).min(self.slab.slots.len());
+        for i in from..end {
+            if !self.slab.is_live(i) {
+                continue;
+            }
+            let slot = &self.slab.slots[i];
             let d = slot.key.duration();
             for (sequence, cell) in slot.state.cells() {
                 let expires_at = d.expires_at(sequence);
@@ -363,8 +389,7 @@ impl CounterTable {
                 }
             }
         }
-        sort_flush_rows(&mut rows);
-        rows
+        (end < self.slab.slots.len()).then_some(end)
     }
 
     /// Records rows a flush wrote successfully (and only then), so unchanged cells are not

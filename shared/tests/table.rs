@@ -189,6 +189,33 @@ fn flush_rows_are_sorted_and_commit_only_what_was_written() {
     assert_eq!(ids, [("a", 6), ("c", 5)]);
 }
 
+/// A flush looked through in steps finds what one look at the whole table finds, each step
+/// bounded, and says where to go on until the end.
+#[test]
+fn flush_candidates_in_steps_find_what_one_walk_finds() {
+    let mut t = small(100);
+    let ids: Vec<String> = (0..40).map(|i| format!("k{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        // Every other key over the floor.
+        for _ in 0..if i % 2 == 0 { 5 } else { 1 } {
+            t.decide(key(id), 10, 1, T0);
+        }
+    }
+    let policy = PublishPolicy::default();
+    let whole = t.flush_candidates(&policy, T0 + 10);
+    assert_eq!(whole.len(), 20);
+    let (mut rows, mut steps, mut from) = (Vec::new(), 0, Some(0));
+    while let Some(at) = from {
+        let before = rows.len();
+        from = t.flush_candidates_from(&policy, T0 + 10, at, 7, &mut rows);
+        assert!(rows.len() - before <= 7 * 2, "two cells a slot at most");
+        steps += 1;
+    }
+    assert_eq!(steps, 40_usize.div_ceil(7));
+    strata_core::gcounter::sort_flush_rows(&mut rows);
+    assert_eq!(rows, whole);
+}
+
 #[test]
 fn expired_cells_are_not_flushed() {
     let mut t = small(100);

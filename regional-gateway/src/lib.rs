@@ -26,6 +26,7 @@ pub mod limiter;
 pub mod local;
 pub mod metrics;
 pub mod origin;
+pub mod steps;
 
 use std::future::Future;
 use std::sync::Arc;

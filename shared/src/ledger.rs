@@ -72,8 +72,12 @@ impl CellLedger {
         self.holders.iter().find(|h| h.instance == instance)
     }
 
+    fn holder_mut(&mut self, instance: &str) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.instance == instance)
+    }
+
     /// `instance`'s entry, made on its first write.
-    fn holder_mut(&mut self, instance: &str) -> &mut Holder {
+    fn writer(&mut self, instance: &str) -> &mut Holder {
         let i = match self.holders.iter().position(|h| h.instance == instance) {
             Some(i) => i,
             None => {
@@ -102,7 +106,7 @@ impl CellLedger {
         if used == 0 {
             return;
         }
-        let h = self.holder_mut(instance);
+        let h = self.writer(instance);
         let held = h.own;
         if used > held {
             h.own = used;
@@ -124,7 +128,7 @@ impl CellLedger {
     /// Remembers what `instance`'s call counted here (a call id of 0 is not remembered).
     pub fn record(&mut self, instance: &str, counted: Counted) {
         if counted.call != 0 {
-            self.holder_mut(instance).counted = Some(counted);
+            self.writer(instance).counted = Some(counted);
         }
     }
 
@@ -132,13 +136,13 @@ impl CellLedger {
     /// process never learned the outcome and decided that request itself. Returns the cost
     /// taken back.
     pub fn undo(&mut self, instance: &str, from: u64) -> u64 {
-        let Some(c) = self.holder(instance).and_then(|h| h.counted) else {
+        let Some(h) = self.holder_mut(instance) else {
             return 0;
         };
-        if from == 0 || c.call < from {
+        let Some(c) = h.counted.filter(|c| from != 0 && c.call >= from) else {
             return 0;
-        }
-        self.holder_mut(instance).counted = None;
+        };
+        h.counted = None;
         self.count = self.count.saturating_sub(c.cost);
         if c.lease_id != 0 {
             self.release(instance, c.lease_id);
@@ -183,7 +187,7 @@ impl CellLedger {
         }
         // Ids strictly increase per holder (across dropped leases too), so a release names
         // exactly one grant and a holder recognises a new one.
-        let h = self.holder_mut(instance);
+        let h = self.writer(instance);
         let until_ms = until_ms.max(h.last_id.saturating_add(1));
         h.last_id = until_ms;
         h.lease = Some(Lease { ceiling, until_ms });
@@ -195,7 +199,7 @@ impl CellLedger {
     /// if `id` is no longer the holder's live lease (expired, released or replaced: the
     /// holder then asks with its next decision, as it would have).
     pub fn renew(&mut self, instance: &str, id: u64, now_ms: u64, until_ms: u64) -> u64 {
-        let Some(h) = self.holders.iter_mut().find(|h| h.instance == instance) else {
+        let Some(h) = self.holder_mut(instance) else {
             return 0;
         };
         let Some(lease) = h
@@ -216,7 +220,7 @@ impl CellLedger {
     /// Drops `instance`'s lease `id` (it stopped using it first), unless a newer grant
     /// replaced it.
     pub fn release(&mut self, instance: &str, id: u64) {
-        if let Some(h) = self.holders.iter_mut().find(|h| h.instance == instance)
+        if let Some(h) = self.holder_mut(instance)
             && h.lease.is_some_and(|l| l.until_ms == id)
         {
             h.lease = None;

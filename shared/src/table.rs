@@ -349,10 +349,7 @@ impl CounterTable {
     /// The cells a flush should publish at `now_ms`, in unique-key order.
     pub fn flush_candidates(&self, policy: &PublishPolicy, now_ms: u64) -> Vec<FlushRow> {
         let mut rows = Vec::new();
-        let mut from = Some(0);
-        while let Some(at) = from {
-            from = self.flush_candidates_from(policy, now_ms, at, usize::MAX, &mut rows);
-        }
+        self.flush_candidates_from(policy, now_ms, 0, usize::MAX, &mut rows);
         sort_flush_rows(&mut rows);
         rows
     }

@@ -13,10 +13,11 @@ use prometheus_client::registry::Registry;
 use strata_core::{CounterTable, Counts, PublishPolicy, Region, TableConfig, WindowKeyRef};
 
 use super::store::{Store, StoreError};
+use crate::local::LocalTables;
+use crate::steps::in_steps;
 
 /// Slots of the region view one flush step looks through (a few hundred microseconds).
 pub const FLUSH_SCAN_STEP: usize = 16_384;
-use crate::local::LocalTables;
 
 /// Counters of the global layer, exported as `strata_global_*`.
 #[derive(Debug, Default)]
@@ -240,15 +241,11 @@ impl Global {
     pub async fn flush_once(&self, now_ms: u64) -> Result<u64, StoreError> {
         let policy = self.policy();
         let mut rows = Vec::new();
-        let mut from = Some(0);
-        while let Some(at) = from {
-            from =
-                self.view()
-                    .flush_candidates_from(&policy, now_ms, at, FLUSH_SCAN_STEP, &mut rows);
-            if from.is_some() {
-                tokio::task::yield_now().await;
-            }
-        }
+        in_steps(0, |at| {
+            self.view()
+                .flush_candidates_from(&policy, now_ms, at, FLUSH_SCAN_STEP, &mut rows)
+        })
+        .await;
         strata_core::gcounter::sort_flush_rows(&mut rows);
         if rows.is_empty() {
             return Ok(0);

@@ -5,6 +5,7 @@
 
 use super::Limiter;
 use crate::origin::PurgeCursor;
+use crate::steps::in_steps;
 
 /// Slots each local shard's step looks at (a shard's scan goes on from where its last stopped,
 /// so a large shard is swept over several passes).
@@ -33,22 +34,24 @@ impl Limiter {
     /// between steps.
     pub async fn janitor_pass(&self) -> Purged {
         let now = self.clock.now_ms();
-        let mut purged = Purged::default();
-        for shard in 0..self.local.shard_count() {
-            purged.local += self.local.purge_expired(shard, now, JANITOR_SCAN);
-            purged.steps += 1;
-            tokio::task::yield_now().await;
-        }
-        let mut from = Some(PurgeCursor::default());
-        while let Some(at) = from {
+        let (mut local, mut origin) = (0, 0);
+        let shards = self.local.shard_count();
+        let mut steps = in_steps(0, |shard| {
+            local += self.local.purge_expired(shard, now, JANITOR_SCAN);
+            (shard + 1 < shards).then_some(shard + 1)
+        })
+        .await;
+        steps += in_steps(PurgeCursor::default(), |at| {
             let (dropped, next) = self.origin.purge_expired(now, at, ORIGIN_PURGE_STEP);
-            purged.origin += dropped;
-            purged.steps += 1;
-            from = next;
-            tokio::task::yield_now().await;
+            origin += dropped;
+            next
+        })
+        .await;
+        Purged {
+            local,
+            origin,
+            view: self.global.purge_expired(now, JANITOR_SCAN),
+            steps: steps + 1,
         }
-        purged.view = self.global.purge_expired(now, JANITOR_SCAN);
-        purged.steps += 1;
-        purged
     }
 }

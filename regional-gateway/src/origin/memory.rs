@@ -59,8 +59,9 @@ impl Default for Cells {
 }
 
 impl Cells {
-    /// The hash of `(key, sequence)` and the subtable it lives in (bits the table's own
-    /// bucket index and control bytes do not use, so each subtable stays evenly spread).
+    /// The hash of `(key, sequence)` and the subtable it lives in, always one of the
+    /// `SUBTABLES` (bits the table's own bucket index and control bytes do not use, so each
+    /// subtable stays evenly spread).
     fn place(&self, key: WindowKeyRef<'_>, sequence: u64) -> (u64, usize) {
         let hash = self.hasher.hash_one((key, sequence));
         // Six bits from the middle: truncation is the point.
@@ -71,9 +72,7 @@ impl Cells {
 
     fn get(&self, key: WindowKeyRef<'_>, sequence: u64) -> Option<&Cell> {
         let (hash, t) = self.place(key, sequence);
-        self.tables
-            .get(t)?
-            .find(hash, |c| c.hash == hash && c.is(key, sequence))
+        self.tables[t].find(hash, |c| c.hash == hash && c.is(key, sequence))
     }
 
     /// The live ledger of a cell, created (or started again, if expired) on first use.
@@ -81,8 +80,7 @@ impl Cells {
         let ttl = key.duration().as_ms().saturating_mul(3);
         let fresh = || (CellLedger::default(), now_ms.saturating_add(ttl));
         let (hash, t) = self.place(key, sequence);
-        let table = &mut self.tables[t & (SUBTABLES - 1)]; // masked: always in range
-        let cell = table
+        let cell = self.tables[t]
             .entry(hash, |c| c.hash == hash && c.is(key, sequence), |c| c.hash)
             .or_insert_with(|| {
                 let (ledger, expires_at) = fresh();

@@ -3,12 +3,17 @@
 # each round runs wrk against, in turn, a bare axum endpoint of /v1/ratelimit's shape, the
 # gateway on its embedded origin, and the gateway on a private Redis, each freshly started,
 # round-robin over each key count. Prints requests/s, p50, p99, the ratio to bare in the same
-# round (after a warm-up run over every key, not counted), the server's CPU seconds and decisions per CPU second, and for the gateway the origin
-# round trips per 1,000 decisions and (on Redis) Redis commands per decision and per replayed
-# cell, from INFO commandstats (commands scripts run included).
+# round (after a warm-up, not counted, long enough to decide every key once), p99.9 and the
+# slowest request, the server's CPU seconds, decisions per CPU second
+# and resident memory after the run, and for the gateway the origin round trips per 1,000
+# decisions and (on Redis) Redis commands per decision and per replayed cell, from INFO
+# commandstats (commands scripts run included).
 #
 #   scripts/bench.sh                      # 2 rounds, 3 s warm-up + 10 s runs, 64 connections, 1 and 10000 keys
 #   ROUNDS=3 DURATION=5 KEYS="1 100000" scripts/bench.sh
+#   PIN=1 ROUNDS=1 DURATION=30 KEYS=1000000 scripts/bench.sh
+#                                         # a million keys: the warm-up (66 s) decides each
+#                                         # key once; a gateway's memory shows in "rss MB"
 #   CLUSTER=1 scripts/bench.sh          # also the gateway on a private 3-node Redis Cluster
 #   PIN=1 scripts/bench.sh              # each server on CPU 1, wrk on CPU 0 (taskset): less
 #                                         # noise between rounds; Redis is left unpinned
@@ -21,6 +26,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-3}
+WARM_RATE=${WARM_RATE:-15000} # the slowest rate the warm-up's length assumes, requests/s
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-"1 10000"}
 EXTRA=${EXTRA:-}
@@ -91,6 +97,7 @@ metric_sum() { # the sum of a gateway metric's samples whose line matches $2
   curl -s "127.0.0.1:$1/metrics" | awk -v pat="$2" '$0 ~ pat && $1 !~ /^#/ { s += $NF } END { printf "%d", s }'
 }
 redis_calls() { rcli info commandstats | awk -F'[=,:]' '/^cmdstat_/ && !/^cmdstat_(info|config|flushall):/ { s += $3 } END { printf "%d", s }'; }
+rss_mb() { awk '/^VmRSS:/ { printf "%d", $2 / 1024 }' "/proc/$1/status"; }
 redis_cpu() { rcli info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'; }
 
 start() { # name port command...: starts a contender, waits until it accepts connections
@@ -109,7 +116,8 @@ start() { # name port command...: starts a contender, waits until it accepts con
 }
 stop() { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
 
-printf '%-6s %-8s %-18s %10s %8s %8s %7s %8s %9s %8s %9s %9s\n' round keys contender "req/s" "p50 us" "p99 us" "x bare" "cpu s" "req/cpu s" "rt/1000" "cmd/dec" "cmd/cell"
+ROW='%-6s %-8s %-10s %8s %7s %7s %8s %8s %6s %6s %9s %6s %8s %8s %8s\n'
+printf "$ROW" round keys contender "req/s" "p50 us" "p99 us" "p99.9 us" "max us" "x bare" "cpu s" "req/cpu s" "rss MB" "rt/1000" "cmd/dec" "cmd/cell"
 for round in $(seq "$ROUNDS"); do
   for keys in $KEYS; do
     bare_rps=""
@@ -139,8 +147,11 @@ for round in $(seq "$ROUNDS"); do
       esac
       api=strata
       [ "$c" = extra ] && api=$EXTRA_API
-      # Every key warm first (cold keys are a one-time cost per key, not the steady state).
-      "${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api" >/dev/null
+      # Every key warm first (cold keys are a one-time cost per key, not the steady state):
+      # WARMUP seconds, or long enough to reach every key at WARM_RATE requests/s.
+      warm=$(( keys / WARM_RATE > WARMUP ? keys / WARM_RATE : WARMUP ))
+      warmed=$("${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${warm}s" -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api" | sed -n 's/^WRK requests=\([0-9]*\).*/\1/p')
+      [ "${warmed:-0}" -ge "$keys" ] || echo "  $c: the ${warm} s warm-up reached ${warmed:-0} of $keys keys: set WARM_RATE lower" >&2
       rt0=0; cells0=0
       if [ "$port" = 8091 ]; then
         rt0=$(metric_sum 8091 '^strata_origin_calls_total')
@@ -151,6 +162,7 @@ for round in $(seq "$ROUNDS"); do
       cpu0=$(cpu_seconds "$SERVER")
       out=$("${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api")
       cpu1=$(cpu_seconds "$SERVER")
+      rss=$(rss_mb "$SERVER")
       line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
       eval "$(sed 's/^WRK //' <<<"$line")"
       rps=$(awk -v r="$requests" -v s="$seconds" 'BEGIN { printf "%d", r / s }')
@@ -174,7 +186,7 @@ for round in $(seq "$ROUNDS"); do
         fi
       fi
       [ "$errors" -eq 0 ] || echo "  $c: $errors failed requests" >&2
-      printf '%-6s %-8s %-18s %10s %8s %8s %7s %8s %9s %8s %9s %9s\n' "$round" "$keys" "$c" "$rps" "$p50_us" "$p99_us" "$ratio" "$cpu" "$per_cpu" "$rt" "$cmd" "$per_cell"
+      printf "$ROW" "$round" "$keys" "$c" "$rps" "$p50_us" "$p99_us" "$p999_us" "$max_us" "$ratio" "$cpu" "$per_cpu" "$rss" "$rt" "$cmd" "$per_cell"
       stop
     done
   done

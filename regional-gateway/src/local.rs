@@ -40,6 +40,8 @@ impl LocalTables {
                     origin,
                     keep_unpublished: false,
                     renew_leases: true,
+                    // One shard of many: its index grows with its keys, each growth short.
+                    presize_index: false,
                 };
                 Mutex::new(CounterTable::new(config, rand::random()))
             })

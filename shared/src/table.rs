@@ -37,6 +37,11 @@ pub struct TableConfig {
     /// ([`ReplayEvent::renew`](crate::replay::ReplayEvent)), for a shell whose origin renews
     /// them (the gateway's; an edge's `/v1/origin/replay` does not carry it yet).
     pub renew_leases: bool,
+    /// Size the key index for `capacity` when the table is made instead of growing it with
+    /// the keys: for one large table (a region view of up to a million keys), where a growth
+    /// would hold its lock for milliseconds. A table that is one of many shards grows its own
+    /// cheaply and stays compact for a few keys.
+    pub presize_index: bool,
 }
 
 impl Default for TableConfig {
@@ -46,6 +51,7 @@ impl Default for TableConfig {
             origin: OriginPolicy::default(),
             keep_unpublished: false,
             renew_leases: false,
+            presize_index: false,
         }
     }
 }
@@ -136,7 +142,12 @@ impl CounterTable {
     pub fn new(config: TableConfig, seed: u64) -> Self {
         let capacity = config.capacity.clamp(MIN_CAPACITY, u32::MAX as usize);
         Self {
-            slab: Slab::new(capacity, seed, config.keep_unpublished),
+            slab: Slab::new(
+                capacity,
+                seed,
+                config.keep_unpublished,
+                config.presize_index,
+            ),
             config: TableConfig { capacity, ..config },
         }
     }

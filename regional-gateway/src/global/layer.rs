@@ -98,6 +98,9 @@ impl Global {
                     capacity,
                     keep_unpublished: true,
                     renew_leases: false,
+                    // One table for every key of the region: growing its index at half a
+                    // million keys would hold the view's lock for milliseconds.
+                    presize_index: true,
                     ..TableConfig::default()
                 },
                 rand::random(),

@@ -88,7 +88,7 @@ macro_rules! shown_by_display {
         })+
     };
 }
-shown_by_display!(&str, String, SocketAddr, usize, f64);
+shown_by_display!(&str, String, SocketAddr, usize, f64, bool);
 
 /// A setting's help: its doc comment in clap's style (no closing period), then its default.
 fn help(doc: &str, default: &[String]) -> String {
@@ -212,6 +212,10 @@ layer! {
         #[arg(long, env = "STRATA_CLEANUP_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_CLEANUP_INTERVAL]
         pub cleanup_interval: Option<String>,
+        /// Also answer decisions with X-RateLimit-Limit, -Remaining and -Reset (true or false), as the edge and the Envoy filter can.
+        #[arg(long, env = "STRATA_LEGACY_HEADERS", value_name = "BOOL")]
+        #[default = false]
+        pub legacy_headers: Option<bool>,
     }
 }
 
@@ -306,6 +310,8 @@ pub struct Settings {
     pub cleanup_interval: Duration,
     /// Data directory of the embedded default.
     pub data_dir: PathBuf,
+    /// Whether decisions also carry the legacy `X-RateLimit-*` trio.
+    pub legacy_headers: bool,
 }
 
 impl Default for Settings {
@@ -331,6 +337,7 @@ impl Default for Settings {
             publish: strata_core::PublishPolicy::default(),
             cleanup_interval: DEFAULT_CLEANUP_INTERVAL,
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            legacy_headers: false,
         }
     }
 }
@@ -532,6 +539,7 @@ impl Settings {
                 Some(n) => n,
                 None => d.table_capacity,
             },
+            legacy_headers: layer.legacy_headers.unwrap_or(d.legacy_headers),
             listen,
             region,
             redis_url,
@@ -632,7 +640,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 13, "every setting with a plain default");
+        assert_eq!(checked, 14, "every setting with a plain default");
     }
 
     #[test]

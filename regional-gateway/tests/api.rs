@@ -112,6 +112,32 @@ async fn ratelimit_counts_then_denies_with_headers(g: TestGateway) {
     );
     let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
+    // The legacy trio is off unless asked for (as on the edge and in the Envoy filter).
+    assert!(!r.headers.contains_key("x-ratelimit-limit"));
+}
+
+/// With `legacy_headers`, decisions (single and multi) also carry `X-RateLimit-Limit`,
+/// `-Remaining` and `-Reset`, of the most constraining limit.
+#[tokio::test]
+async fn legacy_headers_come_when_asked_for() {
+    let g = common::with_settings(strata_gateway::config::Settings {
+        legacy_headers: true,
+        ..Default::default()
+    })
+    .await;
+    let one = json!({"namespace":"api","identifier":"user-1","limit":3,"duration":60_000});
+    let r = g.post("/v1/ratelimit", None, one.clone()).await;
+    assert_eq!(r.headers["x-ratelimit-limit"], "3");
+    assert_eq!(r.headers["x-ratelimit-remaining"], "2");
+    let reset = (T0 - T0 % 60_000 + 60_000) / 1_000;
+    assert_eq!(r.headers["x-ratelimit-reset"], reset.to_string().as_str());
+    let two = json!({"namespace":"api","identifier":"user-2","limit":10,"duration":60_000});
+    let r = g
+        .post("/v1/ratelimit/multi", None, json!({"limits": [one, two]}))
+        .await;
+    assert_eq!(r.body["success"], true);
+    assert_eq!(r.headers["x-ratelimit-limit"], "3");
+    assert_eq!(r.headers["x-ratelimit-remaining"], "1");
 }
 
 async fn cost_defaults_to_one_and_cost_zero_only_checks(g: TestGateway) {

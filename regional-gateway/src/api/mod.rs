@@ -78,16 +78,22 @@ async fn authorized<T: DeserializeOwned>(
     Ok((workspace, body))
 }
 
-/// `body` as JSON with the rate-limit headers of `limits`, its header map sized once for all
-/// of them (filling the map a JSON response comes with would grow it on the way).
-fn limited_json<T: Serialize>(body: T, limits: &[HeaderLimit<'_>], now_ms: u64) -> Response {
+/// `body` as JSON with the rate-limit headers of `limits` (the legacy trio only if `legacy`),
+/// its header map sized once for all of them (filling the map a JSON response comes with would
+/// grow it on the way).
+fn limited_json<T: Serialize>(
+    body: T,
+    limits: &[HeaderLimit<'_>],
+    now_ms: u64,
+    legacy: bool,
+) -> Response {
     let Ok(bytes) = serde_json::to_vec(&body) else {
         // Unreachable for these bodies (plain fields); axum's own answer to such a failure.
         return Json(body).into_response();
     };
     let mut headers = HeaderMap::with_capacity(1 + LIMIT_HEADERS.len());
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    put_limit_headers(&mut headers, limits, now_ms);
+    put_limit_headers(&mut headers, limits, now_ms, legacy);
     let mut response = Response::new(Body::from(bytes));
     *response.headers_mut() = headers;
     response
@@ -96,9 +102,14 @@ fn limited_json<T: Serialize>(body: T, limits: &[HeaderLimit<'_>], now_ms: u64) 
 /// Adds the rate-limit response headers for the decisions to `headers` (the policy is named
 /// by its namespace). The core writes every value into one buffer; each header value is a
 /// slice of it, so a reply allocates once for all of them and copies nothing.
-fn put_limit_headers(headers: &mut HeaderMap, limits: &[HeaderLimit<'_>], now_ms: u64) {
+fn put_limit_headers(
+    headers: &mut HeaderMap,
+    limits: &[HeaderLimit<'_>],
+    now_ms: u64,
+    legacy: bool,
+) {
     let values = header_values(limits, now_ms);
-    let ranges = Field::ALL.map(|f| values.range(f));
+    let ranges = Field::ALL.map(|f| (legacy || !f.is_legacy()).then(|| values.range(f))?);
     let text = Bytes::from(values.into_text());
     for (name, range) in LIMIT_HEADERS.iter().zip(ranges) {
         let Some(range) = range else { continue };
@@ -127,9 +138,9 @@ const LIMIT_HEADERS: [HeaderName; 6] = [
         (status = 200, description = "The decision", body = RatelimitResponse, headers(
             ("RateLimit-Policy" = String, description = "Each limit: `\"namespace\";q=<limit>;w=<window seconds>`"),
             ("RateLimit" = String, description = "Each limit: `\"namespace\";r=<remaining>;t=<seconds until reset, or retry-after when denied>`"),
-            ("X-RateLimit-Limit" = String, description = "The most constraining limit"),
-            ("X-RateLimit-Remaining" = String, description = "What is left of it"),
-            ("X-RateLimit-Reset" = String, description = "Unix seconds at which its window ends"),
+            ("X-RateLimit-Limit" = String, description = "With `--legacy-headers true`: the most constraining limit"),
+            ("X-RateLimit-Remaining" = String, description = "With `--legacy-headers true`: what is left of it"),
+            ("X-RateLimit-Reset" = String, description = "With `--legacy-headers true`: Unix seconds at which its window ends"),
             ("Retry-After" = String, description = "Seconds to wait, when denied and a later request can pass"),
         )),
         openapi::Rejected,
@@ -149,6 +160,7 @@ async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respo
         RatelimitResponse::from(&decision),
         &[described],
         now,
+        gw.settings.legacy_headers,
     ))
 }
 
@@ -159,9 +171,9 @@ async fn ratelimit(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respo
         (status = 200, description = "The decisions, in request order", body = MultiResponse, headers(
             ("RateLimit-Policy" = String, description = "Each limit: `\"namespace\";q=<limit>;w=<window seconds>`"),
             ("RateLimit" = String, description = "Each limit: `\"namespace\";r=<remaining>;t=<seconds until reset, or retry-after when denied>`"),
-            ("X-RateLimit-Limit" = String, description = "The most constraining limit"),
-            ("X-RateLimit-Remaining" = String, description = "What is left of it"),
-            ("X-RateLimit-Reset" = String, description = "Unix seconds at which its window ends"),
+            ("X-RateLimit-Limit" = String, description = "With `--legacy-headers true`: the most constraining limit"),
+            ("X-RateLimit-Remaining" = String, description = "With `--legacy-headers true`: what is left of it"),
+            ("X-RateLimit-Reset" = String, description = "With `--legacy-headers true`: Unix seconds at which its window ends"),
             ("Retry-After" = String, description = "Seconds to wait, when denied and a later request can pass"),
         )),
         openapi::Rejected,
@@ -192,7 +204,12 @@ async fn ratelimit_multi(
             .map(RatelimitResponse::from)
             .collect(),
     };
-    Ok(limited_json(body, &described, now))
+    Ok(limited_json(
+        body,
+        &described,
+        now,
+        gw.settings.legacy_headers,
+    ))
 }
 
 /// The origin's counts of cells, for an edge's cold or stale cells.

@@ -15,8 +15,9 @@
 #                                         # a million keys: the warm-up (66 s) decides each
 #                                         # key once; a gateway's memory shows in "rss MB"
 #   CLUSTER=1 scripts/bench.sh          # also the gateway on a private 3-node Redis Cluster
-#   PIN=1 scripts/bench.sh              # each server on CPU 1, wrk on CPU 0 (taskset): less
-#                                         # noise between rounds; Redis is left unpinned
+#   PIN=1 scripts/bench.sh              # each server on CPU 1, wrk and Redis on CPU 0 (taskset):
+#                                         # less noise between rounds, and Redis never takes
+#                                         # the gateway's core (as on a host of its own)
 #   EXTRA="name=cmd with args" EXTRA_API=limitador scripts/bench.sh
 #                                         # one more contender on 127.0.0.1:8093 (EXTRA_API:
 #                                         # the request shape bench/ratelimit.lua sends it)
@@ -40,6 +41,7 @@ if [ "$PIN" = 1 ]; then
   SERVER_CPU=(taskset -c 1)
   WRK_CPU=(taskset -c 0)
 fi
+REDIS_CPU=("${WRK_CPU[@]}")
 
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""
@@ -65,7 +67,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+"${REDIS_CPU[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --daemonize yes --logfile "$WORK/redis.log" --dir "$WORK" >/dev/null
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 if [ "$CLUSTER" = 1 ]; then
@@ -74,7 +76,7 @@ if [ "$CLUSTER" = 1 ]; then
     # The cluster bus listens on the port + 10000, which must be a port too.
     while [ "$port" -gt 55535 ]; do port=$(free_port); done
     mkdir -p "$WORK/node-$port"
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
+    "${REDIS_CPU[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
       --cluster-config-file nodes.conf --daemonize yes --logfile "$WORK/node-$port/redis.log" \
       --dir "$WORK/node-$port" >/dev/null
     CLUSTER_PORTS+=("$port")

@@ -293,6 +293,54 @@ fn commands(redis: &RedisServer) -> std::collections::HashMap<String, u64> {
         .collect()
 }
 
+/// What a cold decision costs Redis (the usual one for a key seen less often than a lease
+/// lasts): each of its four hashes read once, whole, and an expiry set only on the two keys it
+/// wrote (the cell and its leases); no field read by a command of its own. It was about 25
+/// commands, twelve of them `HGET`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_decision_reads_each_hash_once() {
+    const KEYS: u64 = 50;
+    let redis = RedisServer::start();
+    let g = on_redis(&redis).await;
+    // The script loaded first (the first call's NOSCRIPT and load are not the decision's).
+    assert!(decide(&g.gateway, "warm-up", 100).await);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for i in 0..KEYS {
+        assert!(decide(&g.gateway, &format!("cold-{i}"), 100).await);
+    }
+    let ran = commands(&redis);
+    let get = |name: &str| ran.get(name).copied().unwrap_or(0);
+    println!("{KEYS} cold decisions: {ran:?}");
+    assert_eq!(get("evalsha") + get("eval"), KEYS, "one script call each");
+    assert_eq!(
+        get("hgetall"),
+        4 * KEYS,
+        "both cells and both lease hashes, once"
+    );
+    assert_eq!(get("hget"), 0, "no field read alone");
+    assert_eq!(get("pexpire"), 2 * KEYS, "the cell and its leases, written");
+    let in_scripts: u64 = ran
+        .iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "evalsha" | "eval" | "config|resetstat"))
+        .map(|(_, calls)| calls)
+        .sum();
+    assert!(
+        in_scripts <= 11 * KEYS,
+        "{in_scripts} commands for {KEYS} decisions"
+    );
+    let seq = T0 / 60_000;
+    for k in [
+        cell_key(key("cold-7"), seq),
+        format!("{}:l", cell_key(key("cold-7"), seq)),
+    ] {
+        let ttl: i64 = redis.cli(&["PTTL", &k]).parse().unwrap();
+        assert!(
+            ttl > 0 && ttl <= 180_000,
+            "{k} expires three windows on: {ttl} ms"
+        );
+    }
+}
+
 /// What a replay costs Redis: one script call per batch; per cell, two commands when the
 /// caller's acknowledged count agrees with Redis's record (after the first write, which reads
 /// first and sets the expiry), three without that hint; the expiry set once per cell.

@@ -36,24 +36,14 @@ use link::Link;
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError, Replayed};
 
-/// Shared by both scripts: merge a process's cumulative own count into a cell with `max`;
-/// drop a process's lease `id` unless a newer grant replaced it (a lease is stored as
-/// `"<ceiling>:<until_ms>"`, and `until_ms` is its id).
-const MERGE_OWN_LUA: &str = r#"
+/// The replay script's: drop a process's lease `id` unless a newer grant replaced it (a lease
+/// is stored as `"<ceiling>:<until_ms>"`, and `until_ms` is its id).
+const RELEASE_LUA: &str = r#"
 local function release(leases, inst, id)
   if id == '0' then return end
   local v = redis.call('HGET', leases, inst)
   if v and string.sub(v, string.find(v, ':', 1, true) + 1) == id then
     redis.call('HDEL', leases, inst)
-  end
-end
-local function merge_own(cell, inst, used)
-  if used <= 0 then return end
-  local f = 'o:' .. inst
-  local held = tonumber(redis.call('HGET', cell, f) or '0')
-  if used > held then
-    redis.call('HINCRBY', cell, 'n', used - held)
-    redis.call('HSET', cell, f, used)
   end
 end
 "#;
@@ -167,6 +157,10 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// of the current and previous cells, undo from (0: nothing), this call's id (0: none).
 /// Returns {ok, current count, previous count, own count, lease, current reserved,
 /// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
+///
+/// Each of the four hashes is read once (`HGETALL`), and an expiry set only on a key the call
+/// wrote: a cold decision, the usual one for a key seen less often than a lease lasts, cost
+/// Redis about 25 commands when each field was read by its own `HGET`.
 const DECIDE_LUA: &str = r#"
 local function divmod(a, d)
   local q = math.floor(a / d)
@@ -184,22 +178,55 @@ local function muldiv(p, l, d)
   local qb = divmod(ra * 65536 + r * l0, d)
   return q * l + qa * 65536 + qb
 end
--- what live leases on a cell may still admit, the others' and the caller's; expired ones
--- are dropped
-local function reserved(cell, leases, now, inst)
-  local all = redis.call('HGETALL', leases)
+-- The four hashes (KEYS 1..4), each read once; every write goes to Redis and to the copy, so
+-- the decision reads its fields from memory, and a key written here gets its expiry once.
+local h, written = {}, {}
+for i = 1, 4 do
+  local all = redis.call('HGETALL', KEYS[i])
+  local t = {}
+  for j = 1, #all, 2 do t[all[j]] = all[j + 1] end
+  h[i] = t
+end
+local function num(i, f) return tonumber(h[i][f] or '0') end
+local function set(i, f, v) redis.call('HSET', KEYS[i], f, v); h[i][f] = v; written[i] = true end
+local function del(i, f) redis.call('HDEL', KEYS[i], f); h[i][f] = nil; written[i] = true end
+local function incr(i, f, by)
+  local v = redis.call('HINCRBY', KEYS[i], f, by)
+  h[i][f] = v
+  written[i] = true
+  return v
+end
+local inst = ARGV[5]
+-- merge the caller's cumulative own count into cell i with max
+local function merge_own(i, used)
+  if used <= 0 then return end
+  local held = num(i, 'o:' .. inst)
+  if used > held then
+    incr(i, 'n', used - held)
+    set(i, 'o:' .. inst, used)
+  end
+end
+-- drop the caller's lease on cell 1 (hash 3) unless a newer grant replaced it (a lease is
+-- "<ceiling>:<until_ms>", and until_ms is its id)
+local function release(id)
+  if id == '0' then return end
+  local v = h[3][inst]
+  if v and string.sub(v, string.find(v, ':', 1, true) + 1) == id then del(3, inst) end
+end
+-- what live leases on cell i (leases in hash i + 2) may still admit, the others' and the
+-- caller's; expired ones are dropped
+local function reserved(i, now)
   local others, mine, holders = 0, 0, 1
-  for i = 1, #all, 2 do
-    local v = all[i + 1]
+  for holder, v in pairs(h[i + 2]) do
     local sep = string.find(v, ':', 1, true)
     local ceiling = tonumber(string.sub(v, 1, sep - 1))
     if tonumber(string.sub(v, sep + 1)) <= now then
-      redis.call('HDEL', leases, all[i])
+      del(i + 2, holder)
     else
-      local own = tonumber(redis.call('HGET', cell, 'o:' .. all[i]) or '0')
-      if all[i] ~= inst then holders = holders + 1 end
+      local own = num(i, 'o:' .. holder)
+      if holder ~= inst then holders = holders + 1 end
       if ceiling > own then
-        if all[i] == inst then mine = mine + (ceiling - own) else others = others + (ceiling - own) end
+        if holder == inst then mine = mine + (ceiling - own) else others = others + (ceiling - own) end
       end
     end
   end
@@ -210,40 +237,37 @@ local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[
 -- runs ahead must not see another's lease as expired while its holder still uses it.
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local inst = ARGV[5]
-merge_own(KEYS[1], inst, tonumber(ARGV[6]))
-merge_own(KEYS[2], inst, tonumber(ARGV[7]))
+merge_own(1, tonumber(ARGV[6]))
+merge_own(2, tonumber(ARGV[7]))
 -- the lease the caller gives back: its count is merged, drop the reservation
-release(KEYS[3], inst, ARGV[13])
+release(ARGV[13])
 -- calls whose answer the caller never got: it decided those requests itself, so what the last
 -- one counted here ('u:<instance>' = "<call>:<cost>:<lease id>") is taken back
 local undo_from = tonumber(ARGV[16])
 if undo_from > 0 then
-  local rec = redis.call('HGET', KEYS[1], 'u:' .. inst)
+  local rec = h[1]['u:' .. inst]
   if rec then
     local c1 = string.find(rec, ':', 1, true)
     local c2 = string.find(rec, ':', c1 + 1, true)
     if tonumber(string.sub(rec, 1, c1 - 1)) >= undo_from then
       local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
-      if undone > 0 then redis.call('HINCRBY', KEYS[1], 'n', -undone) end
-      release(KEYS[3], inst, string.sub(rec, c2 + 1))
-      redis.call('HDEL', KEYS[1], 'u:' .. inst)
+      if undone > 0 then incr(1, 'n', -undone) end
+      release(string.sub(rec, c2 + 1))
+      del(1, 'u:' .. inst)
     end
   end
 end
 -- this region's published count is a floor: an origin that lost its data counts from it
 for i = 1, 2 do
   local floor = tonumber(ARGV[13 + i])
-  if floor > tonumber(redis.call('HGET', KEYS[i], 'n') or '0') then
-    redis.call('HSET', KEYS[i], 'n', floor)
-  end
+  if floor > num(i, 'n') then set(i, 'n', floor) end
 end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local prev = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
+local cur = num(1, 'n')
+local prev = num(2, 'n')
 -- every live lease counts as used, the caller's too (its in-flight passes may use it)
-local others, mine, holders = reserved(KEYS[1], KEYS[3], clock, inst)
+local others, mine, holders = reserved(1, clock)
 local rc = others + mine
-local po, pm = reserved(KEYS[2], KEYS[4], clock, inst)
+local po, pm = reserved(2, clock)
 local rp = po + pm
 local seq = math.floor(now / d)
 local elapsed = now - seq * d
@@ -255,7 +279,7 @@ local lease, lease_id, before = 0, 0, ''
 if ok == 1 and ARGV[10] ~= '1' then
   -- a pass decided here is counted in the region's count only (no one replays it)
   if cost > 0 then
-    redis.call('HINCRBY', KEYS[1], 'n', cost)
+    incr(1, 'n', cost)
     cur = cur + cost
   end
   -- lease::grant: half of what lies above the last quarter, plus a small share; the
@@ -264,26 +288,28 @@ if ok == 1 and ARGV[10] ~= '1' then
   local small = math.min(math.floor(limit / (20 * holders)), math.floor(available / 2))
   local above = math.floor(math.max(available - math.floor(limit / 4), 0) / 2)
   local grant = math.min(tonumber(ARGV[8]), above + small)
-  local own = tonumber(redis.call('HGET', KEYS[1], 'o:' .. inst) or '0')
+  local own = num(1, 'o:' .. inst)
   local ceiling = math.max(own + mine, own + grant)
   if ceiling > own then
     lease = ceiling - own
     -- ids strictly increase per holder, across dropped leases too ('i:<instance>' keeps the
     -- last), so a release names exactly one grant and a holder recognises a new one
     lease_id = clock + tonumber(ARGV[9])
-    local last = tonumber(redis.call('HGET', KEYS[1], 'i:' .. inst) or '0')
+    local last = num(1, 'i:' .. inst)
     if last >= lease_id then lease_id = last + 1 end
-    redis.call('HSET', KEYS[1], 'i:' .. inst, string.format('%d', lease_id))
-    before = redis.call('HGET', KEYS[3], inst) or ''
-    redis.call('HSET', KEYS[3], inst, string.format('%d:%d', ceiling, lease_id))
+    set(1, 'i:' .. inst, string.format('%d', lease_id))
+    before = h[3][inst] or ''
+    set(3, inst, string.format('%d:%d', ceiling, lease_id))
   end
   if ARGV[17] ~= '0' then
-    redis.call('HSET', KEYS[1], 'u:' .. inst, ARGV[17] .. ':' .. ARGV[2] .. ':' .. string.format('%d', lease_id))
+    set(1, 'u:' .. inst, ARGV[17] .. ':' .. ARGV[2] .. ':' .. string.format('%d', lease_id))
   end
 end
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], d * 3, 'NX') end
-local own = tonumber(redis.call('HGET', KEYS[1], 'o:' .. inst) or '0')
-return {ok, cur, prev, own, lease, rc, rp, lease_id, before}
+-- a key written here that has no expiry yet (new, or emptied and made again) gets one
+for i = 1, 4 do
+  if written[i] then redis.call('PEXPIRE', KEYS[i], d * 3, 'NX') end
+end
+return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, rp, lease_id, before}
 "#;
 
 /// Version prefix of every key, so a future encoding can live beside this one.
@@ -394,10 +420,10 @@ impl RedisOrigin {
     fn over(link: Link) -> Self {
         Self {
             link,
-            decide: redis::Script::new(&format!("{MERGE_OWN_LUA}{DECIDE_LUA}")),
-            replay: redis::Script::new(&format!("{MERGE_OWN_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}")),
+            decide: redis::Script::new(DECIDE_LUA),
+            replay: redis::Script::new(&format!("{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}")),
             replay_node: redis::Script::new(&format!(
-                "#!lua flags=allow-cross-slot-keys\n{MERGE_OWN_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
+                "#!lua flags=allow-cross-slot-keys\n{RELEASE_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
             )),
             roll_back: redis::Script::new(ROLLBACK_LUA),
         }

@@ -527,7 +527,7 @@ impl Pending {
 
 fn push_headers(out: &mut Vec<(&'static str, String)>, h: &HeaderValues, legacy: bool) {
     for (field, value) in h.fields() {
-        if legacy || !field.is_legacy() {
+        if field.is_sent(legacy) {
             out.push((field.name(), value.to_string()));
         }
     }

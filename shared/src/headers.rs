@@ -67,6 +67,11 @@ impl Field {
             Field::LegacyLimit | Field::LegacyRemaining | Field::LegacyReset
         )
     }
+
+    /// Whether a reply sends this field: all but the legacy trio, which only with `legacy`.
+    pub const fn is_sent(self, legacy: bool) -> bool {
+        legacy || !self.is_legacy()
+    }
 }
 
 /// The header values of a (possibly multi-limit) decision, written one after another into one

@@ -131,7 +131,11 @@ impl Slab {
     }
 
     pub(crate) fn find(&self, key: WindowKeyRef<'_>) -> Option<usize> {
-        let hash = IndexEntry::hash_of(key, &self.hasher);
+        self.find_hashed(key, IndexEntry::hash_of(key, &self.hasher))
+    }
+
+    /// [`Self::find`] with the index hash of `key` already made.
+    fn find_hashed(&self, key: WindowKeyRef<'_>, hash: u64) -> Option<usize> {
         let slots = &self.slots;
         self.index
             .find(hash, |e| slots[e.slot as usize].key.matches(key))
@@ -163,7 +167,9 @@ impl Slab {
     /// The slot of `key`'s entry, created if absent (recycling a free or evicted slot when the
     /// table is full), marked as used and as touched.
     pub(crate) fn slot(&mut self, key: WindowKeyRef<'_>, now_ms: u64, by_sync: bool) -> usize {
-        if let Some(i) = self.find(key) {
+        // Hashed once: a new key is looked up, then filed under the same hash.
+        let hash = IndexEntry::hash_of(key, &self.hasher);
+        if let Some(i) = self.find_hashed(key, hash) {
             self.clock[i] = Clock::Used;
             self.touch(i);
             return i;
@@ -197,7 +203,6 @@ impl Slab {
         };
         // New entries start idle: a flood of one-off keys evicts itself first.
         self.clock[i] = Clock::Idle;
-        let hash = IndexEntry::hash_of(key, &self.hasher);
         let entry = IndexEntry {
             slot: slot_id(i),
             hash: IndexEntry::kept(hash),

@@ -36,13 +36,19 @@ use link::Link;
 
 use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, OriginError, Replayed};
 
-/// The replay script's: drop a process's lease `id` unless a newer grant replaced it (a lease
-/// is stored as `"<ceiling>:<until_ms>"`, and `until_ms` is its id).
+/// Shared by every script: whether the lease record `v` (`"<ceiling>:<until_ms>"`, `until_ms`
+/// being its id; `v` may be absent) is the lease `id`.
+const LEASE_LUA: &str = r#"
+local function names_lease(v, id)
+  return v and string.sub(v, string.find(v, ':', 1, true) + 1) == id
+end
+"#;
+
+/// The replay script's: drop a process's lease `id` unless a newer grant replaced it.
 const RELEASE_LUA: &str = r#"
 local function release(leases, inst, id)
   if id == '0' then return end
-  local v = redis.call('HGET', leases, inst)
-  if v and string.sub(v, string.find(v, ':', 1, true) + 1) == id then
+  if names_lease(redis.call('HGET', leases, inst), id) then
     redis.call('HDEL', leases, inst)
   end
 end
@@ -210,8 +216,7 @@ end
 -- "<ceiling>:<until_ms>", and until_ms is its id)
 local function release(id)
   if id == '0' then return end
-  local v = h[3][inst]
-  if v and string.sub(v, string.find(v, ':', 1, true) + 1) == id then del(3, inst) end
+  if names_lease(h[3][inst], id) then del(3, inst) end
 end
 -- what live leases on cell i (leases in hash i + 2) may still admit, the others' and the
 -- caller's; expired ones are dropped
@@ -394,8 +399,7 @@ if rec and string.sub(rec, 1, string.find(rec, ':', 1, true) - 1) == ARGV[5] the
   redis.call('HDEL', KEYS[1], 'u:' .. ARGV[2])
 end
 if ARGV[3] == '0' then return 0 end
-local v = redis.call('HGET', KEYS[2], ARGV[2])
-if v and string.sub(v, string.find(v, ':', 1, true) + 1) == ARGV[3] then
+if names_lease(redis.call('HGET', KEYS[2], ARGV[2]), ARGV[3]) then
   if ARGV[4] == '' then redis.call('HDEL', KEYS[2], ARGV[2]) else redis.call('HSET', KEYS[2], ARGV[2], ARGV[4]) end
 end
 return 0
@@ -420,12 +424,14 @@ impl RedisOrigin {
     fn over(link: Link) -> Self {
         Self {
             link,
-            decide: redis::Script::new(DECIDE_LUA),
-            replay: redis::Script::new(&format!("{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}")),
-            replay_node: redis::Script::new(&format!(
-                "#!lua flags=allow-cross-slot-keys\n{RELEASE_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
+            decide: redis::Script::new(&format!("{LEASE_LUA}{DECIDE_LUA}")),
+            replay: redis::Script::new(&format!(
+                "{LEASE_LUA}{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}"
             )),
-            roll_back: redis::Script::new(ROLLBACK_LUA),
+            replay_node: redis::Script::new(&format!(
+                "#!lua flags=allow-cross-slot-keys\n{LEASE_LUA}{RELEASE_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
+            )),
+            roll_back: redis::Script::new(&format!("{LEASE_LUA}{ROLLBACK_LUA}")),
         }
     }
 

@@ -23,6 +23,8 @@
 #                                         # the request shape bench/ratelimit.lua sends it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10}
@@ -43,18 +45,13 @@ if [ "$PIN" = 1 ]; then
 fi
 REDIS_CPU=("${WRK_CPU[@]}")
 
-if ! command -v wrk >/dev/null 2>&1; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk
-fi
+command -v wrk >/dev/null 2>&1 || apt_install wrk
 command -v redis-server >/dev/null || { echo "bench: redis-server is needed (scripts/test.sh installs it)" >&2; exit 1; }
 
 cargo build --release -q -p strata-gateway --bin strata-gateway --example bare
 BIN="$CARGO_TARGET_DIR/release"
 GATEWAY=${GATEWAY:-$BIN/strata-gateway} # another build of the gateway to compare, e.g. an older commit's
 WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 REDIS_PORT=$(free_port)
 CLUSTER_PORTS=()
 PIDS=()

@@ -12,16 +12,11 @@
 # "warm key", the same key and caller every call (a pass that raises the caller's lease).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 N=${N:-1000}
 REV=${1:-}
-for tool in valgrind callgrind_annotate; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind
-    break
-  fi
-done
+command -v valgrind >/dev/null 2>&1 || apt_install valgrind
 command -v redis-server >/dev/null || { echo "lua-cost: redis-server is needed (scripts/test.sh installs it)" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/strata-lua-cost.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -36,12 +31,10 @@ lua = dict(re.findall(r"const (\w+): &str = r#\"(.*?)\"#;", src, re.S))
 sys.stdout.write(lua["LEASE_LUA"] + lua["DECIDE_LUA"])'
 }
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # instructions per call of script $1, keys from $2 (a redis-benchmark key pattern)
 cost() {
   local script=$1 k=$2 p out
-  p=$(port)
+  p=$(free_port)
   out="$WORK/callgrind.$p"
   valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect=evalShaCommand \
     redis-server --port "$p" --save '' --appendonly no >"$WORK/valgrind.$p.log" 2>&1 &

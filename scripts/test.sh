@@ -5,6 +5,8 @@
 # Prints a summary of every step; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 WASM_TARGETS=(wasm32-unknown-unknown wasm32-wasip1)
@@ -43,17 +45,6 @@ install_toolchain_parts() {
     fi
   done
   echo "toolchain: $(rustc --version); targets: ${WASM_TARGETS[*]}"
-}
-
-apt_install() {
-  # Debian packages for services the tests run for real. `apt-get update` only when needed.
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "cannot install $*: no apt-get here; install it and rerun" >&2
-    return 1
-  fi
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
 }
 
 ensure_redis() {

@@ -109,7 +109,13 @@ fn put_limit_headers(
     legacy: bool,
 ) {
     let values = header_values(limits, now_ms);
-    let ranges = Field::ALL.map(|f| f.is_sent(legacy).then(|| values.range(f))?);
+    let ranges = Field::ALL.map(|f| {
+        if f.is_sent(legacy) {
+            values.range(f)
+        } else {
+            None
+        }
+    });
     let text = Bytes::from(values.into_text());
     for (name, range) in LIMIT_HEADERS.iter().zip(ranges) {
         let Some(range) = range else { continue };

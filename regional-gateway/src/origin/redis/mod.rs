@@ -242,12 +242,12 @@ local function reserved(i, now)
   local others, mine, holders = 0, 0, 1
   for holder, v in pairs(h[i + 2]) do
     local sep = string.find(v, ':', 1, true)
-    local ceiling = tonumber(string.sub(v, 1, sep - 1))
     if i == 1 and holder == inst and drop_own then
       -- given back: reserves nothing
     elseif tonumber(string.sub(v, sep + 1)) <= now then
       if i == 1 and holder == inst then drop_own = true else del(i + 2, holder) end
     else
+      local ceiling = tonumber(string.sub(v, 1, sep - 1))
       local own = num(i, 'o:' .. holder)
       if holder ~= inst then holders = holders + 1 end
       if ceiling > own then

@@ -9,6 +9,13 @@ use strata_gateway::global::Store;
 use strata_gateway::{Gateway, run};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc, not glibc's malloc: at 10,000 keys glibc took 0.20 to 0.49 us a request from one
+/// run to the next, as its free lists lay (it merges them before a kilobyte-sized allocation,
+/// and a request makes some), mimalloc 0.13 to 0.21 us (`scripts/profile.sh`;
+/// `docs/BENCHMARKS.md`, eighth pass).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // Logs go to stderr (stdout stays free for a subcommand's output), coloured only on a

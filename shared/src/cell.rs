@@ -3,7 +3,7 @@
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
 //! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
-//! to 208 bytes (two cells of 88, the lease history) so a table slot with its key is 232.
+//! to 208 bytes (two cells of 88, the lease history) so a table slot with its key is 256.
 
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
 use crate::lease::LeaseState;

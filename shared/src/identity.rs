@@ -6,7 +6,6 @@
 //! `:`, `{`, `}` and friends from forging another key.
 
 use alloc::boxed::Box;
-use alloc::string::String;
 use core::cmp::Ordering;
 use core::fmt;
 use core::hash::BuildHasher;
@@ -154,16 +153,11 @@ impl<'a> WindowKeyRef<'a> {
         self.duration
     }
 
-    /// An owned copy (one allocation holding all three strings).
+    /// An owned copy: the three strings in one piece of text, inside the key when they fit
+    /// ([`INLINE_KEY_BYTES`]), else in one allocation.
     pub fn to_owned_key(&self) -> WindowKey {
-        let mut text = String::with_capacity(
-            self.workspace.len() + self.namespace.len() + self.identifier.len(),
-        );
-        text.push_str(self.workspace);
-        text.push_str(self.namespace);
-        text.push_str(self.identifier);
         WindowKey {
-            text: text.into_boxed_str(),
+            text: Text::new([self.workspace, self.namespace, self.identifier]),
             // Validation bounds both lengths to 255 bytes, so they fit in a u8.
             workspace_len: u8::try_from(self.workspace.len()).unwrap_or(u8::MAX),
             namespace_len: u8::try_from(self.namespace.len()).unwrap_or(u8::MAX),
@@ -206,10 +200,68 @@ impl PartialOrd for WindowKeyRef<'_> {
     }
 }
 
-/// An owned window key, packed into one allocation and 24 bytes to keep large tables small.
+/// Key text up to this many bytes (workspace, namespace and identifier together) is held
+/// inside the key. A table lookup then compares it on the slot's own cache lines: at 10,000
+/// keys, reading text from the heap was one more cache miss a request (`docs/BENCHMARKS.md`).
+pub const INLINE_KEY_BYTES: usize = 38;
+
+/// A key's text: inline when short (no allocation), else on the heap. The same text is always
+/// held the same way, so the derived equality and hash agree with the text's.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Text {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_BYTES],
+    },
+    Heap(Box<str>),
+}
+
+impl Text {
+    fn new(parts: [&str; 3]) -> Self {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        match u8::try_from(len) {
+            Ok(short) if len <= INLINE_KEY_BYTES => {
+                let mut bytes = [0; INLINE_KEY_BYTES];
+                let mut at = 0;
+                for part in parts {
+                    if let Some(to) = bytes.get_mut(at..at + part.len()) {
+                        to.copy_from_slice(part.as_bytes());
+                    }
+                    at += part.len();
+                }
+                Self::Inline { len: short, bytes }
+            }
+            _ => Self::Heap(parts.concat().into_boxed_str()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            Self::Heap(text) => text.as_bytes(),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from three `&str`s, so always UTF-8 (the check only costs a scan).
+            Self::Inline { .. } => core::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Self::Heap(text) => text,
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(text) => text.len(),
+        }
+    }
+}
+
+/// An owned window key, its text inline when short: 48 bytes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct WindowKey {
-    text: Box<str>,
+    text: Text,
     /// Durations are at most 30 days, 2.6e9 ms: a u32 holds them.
     duration_ms: u32,
     workspace_len: u8,
@@ -231,11 +283,12 @@ impl WindowKey {
     pub fn as_ref(&self) -> WindowKeyRef<'_> {
         let ws = usize::from(self.workspace_len);
         let ns = ws + usize::from(self.namespace_len);
+        let text = self.text.as_str();
         // The lengths were measured on char boundaries when the key was built.
         WindowKeyRef {
-            workspace: self.text.get(..ws).unwrap_or_default(),
-            namespace: self.text.get(ws..ns).unwrap_or_default(),
-            identifier: self.text.get(ns..).unwrap_or_default(),
+            workspace: text.get(..ws).unwrap_or_default(),
+            namespace: text.get(ws..ns).unwrap_or_default(),
+            identifier: text.get(ns..).unwrap_or_default(),
             duration: self.duration(),
         }
     }
@@ -262,7 +315,7 @@ impl WindowKey {
 
     /// Heap bytes this key holds (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
-        self.text.len()
+        self.text.heap_bytes()
     }
 }
 
@@ -379,6 +432,27 @@ mod tests {
         let owned = key.to_owned_key();
         assert_eq!(owned.as_ref(), key);
         assert_eq!(owned.as_ref().hash_with(&state), key.hash_with(&state));
+    }
+
+    #[test]
+    fn short_keys_are_held_inline_long_ones_on_the_heap_and_both_read_back() {
+        let state = foldhash::quality::FixedState::with_seed(7);
+        // 38 bytes of text fit inside the key (a two-byte char ends exactly at the bound).
+        let fits = "i".repeat(INLINE_KEY_BYTES - "wö".len() - "ns".len() - 2) + "é";
+        let over = fits.clone() + "x";
+        for (id, heap) in [(fits.as_str(), 0), (over.as_str(), INLINE_KEY_BYTES + 1)] {
+            let key = WindowKeyRef::new("wö", "ns", id, minute()).unwrap();
+            let owned = key.to_owned_key();
+            assert_eq!(owned.heap_bytes(), heap, "{id}");
+            assert_eq!(owned.as_ref(), key);
+            assert!(owned.matches(key));
+            assert_eq!(owned.as_ref().hash_with(&state), key.hash_with(&state));
+            assert_eq!(owned, owned.as_ref().to_owned_key());
+        }
+        let a = WindowKeyRef::new("wö", "ns", &fits, minute()).unwrap();
+        let b = WindowKeyRef::new("wö", "ns", &over, minute()).unwrap();
+        assert!(!a.to_owned_key().matches(b) && !b.to_owned_key().matches(a));
+        assert_ne!(a.to_owned_key(), b.to_owned_key());
     }
 
     #[test]

@@ -78,9 +78,7 @@ async fn authorized<T: DeserializeOwned>(
     Ok((workspace, body))
 }
 
-/// `body` as JSON with the rate-limit headers of `limits` (the legacy trio only if `legacy`),
-/// its header map sized once for all of them (filling the map a JSON response comes with would
-/// grow it on the way).
+/// `body` as JSON with the rate-limit headers of `limits` (the legacy trio only if `legacy`).
 fn limited_json<T: Serialize>(
     body: T,
     limits: &[HeaderLimit<'_>],
@@ -91,23 +89,17 @@ fn limited_json<T: Serialize>(
         // Unreachable for these bodies (plain fields); axum's own answer to such a failure.
         return Json(body).into_response();
     };
-    let mut headers = HeaderMap::with_capacity(1 + LIMIT_HEADERS.len());
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    put_limit_headers(&mut headers, limits, now_ms, legacy);
     let mut response = Response::new(Body::from(bytes));
-    *response.headers_mut() = headers;
+    *response.headers_mut() = limit_headers(limits, now_ms, legacy);
     response
 }
 
-/// Adds the rate-limit response headers for the decisions to `headers` (the policy is named
-/// by its namespace). The core writes every value into one buffer; each header value is a
-/// slice of it, so a reply allocates once for all of them and copies nothing.
-fn put_limit_headers(
-    headers: &mut HeaderMap,
-    limits: &[HeaderLimit<'_>],
-    now_ms: u64,
-    legacy: bool,
-) {
+/// The content type and the rate-limit response headers for the decisions (the policy is named
+/// by its namespace), in a map sized for exactly these. The core writes every value into one
+/// buffer; each header value is a slice of it, so a reply allocates once for all of them and
+/// copies nothing. A map sized for every header it could hold took 1,248 bytes a reply, a
+/// kilobyte-sized allocation on every request (`docs/BENCHMARKS.md`, eighth pass).
+fn limit_headers(limits: &[HeaderLimit<'_>], now_ms: u64, legacy: bool) -> HeaderMap {
     let values = header_values(limits, now_ms);
     let ranges = Field::ALL.map(|f| {
         if f.is_sent(legacy) {
@@ -116,6 +108,9 @@ fn put_limit_headers(
             None
         }
     });
+    // Room for the content type, the content length axum adds on the way out, and these.
+    let mut headers = HeaderMap::with_capacity(2 + ranges.iter().flatten().count());
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let text = Bytes::from(values.into_text());
     for (name, range) in LIMIT_HEADERS.iter().zip(ranges) {
         let Some(range) = range else { continue };
@@ -124,6 +119,7 @@ fn put_limit_headers(
             headers.insert(name.clone(), value);
         }
     }
+    headers
 }
 
 /// The names of [`Field::ALL`], built once (a `HeaderName` made at run time is checked).

@@ -118,18 +118,20 @@ impl Limiter {
             };
             // The plan of a request that follows is dropped: the leader's call gives back
             // whatever lease it gave back, and an unused call id is only a gap.
+            // The waits below are boxed: a request's future is as large as its largest await,
+            // and the origin call's (a few kilobytes) in every request's future was a large
+            // allocation a request, where only about one in a thousand waits for the origin.
             let lead = match (followed, self.in_flight.turn(key)) {
                 (false, Turn::Follow(done)) => {
                     followed = true;
-                    let _ = tokio::time::timeout(self.origin.timeout(), done).await;
+                    let _ = Box::pin(tokio::time::timeout(self.origin.timeout(), done)).await;
                     continue;
                 }
                 (_, Turn::Lead(lead)) => Some(lead),
                 (true, Turn::Follow(_)) => None,
             };
-            let (multi, source) = self
-                .decide_at_origin(&OriginCall::single(limit, plan))
-                .await;
+            let call = OriginCall::single(limit, plan);
+            let (multi, source) = Box::pin(self.decide_at_origin(&call)).await;
             drop(lead);
             let d = only(&multi, &limit);
             self.metrics.decision(source, d.success);

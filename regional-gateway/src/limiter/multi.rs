@@ -51,7 +51,8 @@ impl Limiter {
         let begun = request::begin(&mut self.locked(keys(limits), now), limits, now);
         let (multi, source) = match begun {
             Begin::Decided(multi) => (multi, Source::Local),
-            Begin::Call(call) => self.decide_at_origin(&call).await,
+            // Boxed, as in `decide`: only a call to the origin pays for its future.
+            Begin::Call(call) => Box::pin(self.decide_at_origin(&call)).await,
         };
         for d in &multi.decisions {
             self.metrics.decision(source, multi.success && d.success);

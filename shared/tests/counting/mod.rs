@@ -9,6 +9,12 @@ use std::cell::Cell;
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn tally(size: usize) {
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+    let _ = LARGEST.try_with(|n| n.set(n.get().max(size)));
 }
 
 struct Counting;
@@ -16,7 +22,7 @@ struct Counting;
 // SAFETY: forwards every call unchanged to the system allocator.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        tally(layout.size());
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -25,7 +31,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        tally(new_size);
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -37,4 +43,11 @@ static GLOBAL: Counting = Counting;
 /// Allocations and reallocations made on this thread so far.
 pub(crate) fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
+}
+
+/// The largest allocation (or reallocation's new size) made on this thread since the last
+/// call, in bytes; starts the next tally.
+#[allow(dead_code)] // not every test that counts asks for sizes
+pub(crate) fn take_largest() -> usize {
+    LARGEST.with(|n| n.replace(0))
 }

@@ -105,10 +105,7 @@ start() { # name port command...: starts a contender, waits until it accepts con
   "${SERVER_CPU[@]}" "$@" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   SERVER=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    sleep 0.1
-  done
+  wait_port "$port" && return 0
   echo "bench: $name did not start; its log:" >&2
   cat "$WORK/$name.log" >&2
   exit 1
@@ -162,8 +159,7 @@ for round in $(seq "$ROUNDS"); do
       out=$("${WRK_CPU[@]}" wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s bench/ratelimit.lua "http://127.0.0.1:$port" -- "$keys" "$api")
       cpu1=$(cpu_seconds "$SERVER")
       rss=$(rss_mb "$SERVER")
-      line=$(grep '^WRK ' <<<"$out") || { echo "$out" >&2; exit 1; }
-      eval "$(sed 's/^WRK //' <<<"$line")"
+      read_wrk "$out" || exit 1
       rps=$(awk -v r="$requests" -v s="$seconds" 'BEGIN { printf "%d", r / s }')
       [ "$c" = bare ] && bare_rps=$rps
       ratio=$(awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }')

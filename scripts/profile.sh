@@ -65,7 +65,7 @@ for round in $(seq "$ROUNDS"); do
         >"$WORK/$name.log" 2>&1 &
     fi
     SERVER=$!
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    wait_port "$port" || { echo "profile: $name did not start; its log:" >&2; cat "$WORK/$name.log" >&2; exit 1; }
     url="http://127.0.0.1:$port"
     taskset -c 0 wrk -t1 -c64 -d"${WARMUP}s" -s bench/ratelimit.lua "$url" -- "$KEYS" >/dev/null
     perf record -q -C 1 -e cpu-clock -F 2000 -o "$WORK/perf.data" -- \
@@ -74,7 +74,7 @@ for round in $(seq "$ROUNDS"); do
     kill "$SERVER" 2>/dev/null || true
     wait "$SERVER" 2>/dev/null || true
     SERVER=""
-    eval "$(sed -n 's/^WRK //p' "$WORK/wrk.out")"
+    read_wrk "$(cat "$WORK/wrk.out")" || exit 1
     # period (ns of CPU 1), dso, symbol
     perf report -i "$WORK/perf.data" --no-children --stdio -q --sort dso,sym -F period,dso,sym \
       2>/dev/null >"$WORK/$name.syms"

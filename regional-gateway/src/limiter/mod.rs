@@ -117,10 +117,10 @@ impl Limiter {
                 Step::Origin(plan) => plan,
             };
             // The plan of a request that follows is dropped: the leader's call gives back
-            // whatever lease it gave back, and an unused call id is only a gap.
-            // The waits below are boxed: a request's future is as large as its largest await,
-            // and the origin call's (a few kilobytes) in every request's future was a large
-            // allocation a request, where only about one in a thousand waits for the origin.
+            // whatever lease it gave back, and an unused call id is only a gap. Both waits are
+            // boxed: a request's future is as large as its largest await, so unboxed the origin
+            // call's few kilobytes were allocated for every request, though about one in a
+            // thousand goes to the origin.
             let lead = match (followed, self.in_flight.turn(key)) {
                 (false, Turn::Follow(done)) => {
                     followed = true;

@@ -156,7 +156,13 @@ wasm_clippy() {
   # The Wasm crates as they are built for their targets (the workspace run is native).
   cargo clippy -p strata-edge --target wasm32-unknown-unknown -- -D warnings &&
     cargo clippy -p strata-wasm-tests --target wasm32-unknown-unknown --tests -- -D warnings &&
-    cargo clippy -p strata-envoy --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p strata-envoy --target wasm32-wasip1 -- -D warnings &&
+    cargo clippy -p strata-envoy --target wasm32-wasip1 --features fault-injection -- -D warnings
+}
+
+build_envoy() {
+  # The filter, and the tests' variant whose VM a request can trap on purpose.
+  ./scripts/build-envoy.sh && ./scripts/build-envoy.sh --fault-injection
 }
 
 wasm_bindgen_tests() {
@@ -183,7 +189,7 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
-step "build the Envoy filter (scripts/build-envoy.sh)" ./scripts/build-envoy.sh
+step "build the Envoy filter and its fault-injection test variant (scripts/build-envoy.sh)" build_envoy
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
 step "cargo test (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
   cargo test --workspace -- --nocapture --test-threads 2

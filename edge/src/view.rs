@@ -69,8 +69,8 @@ impl RequestView for JsRequest<'_> {
     fn path(&self) -> &str {
         self.path
     }
-    fn header(&self, name: &str) -> Option<&str> {
-        find(self.headers, name)
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        find(self.headers, name).map(str::as_bytes)
     }
     fn peer_address(&self) -> Option<&str> {
         self.peer
@@ -110,8 +110,8 @@ mod tests {
             (r.method(), r.host(), r.path()),
             ("GET", "api.example.com", "/p")
         );
-        assert_eq!(r.header("x-k"), Some("v"));
-        assert_eq!(r.header("x-empty"), Some(""));
+        assert_eq!(r.header("x-k"), Some(&b"v"[..]));
+        assert_eq!(r.header("x-empty"), Some(&b""[..]));
         assert_eq!(r.header("v"), None, "a value is not a name");
         assert_eq!(r.header("x-missing"), None);
     }

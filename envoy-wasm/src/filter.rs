@@ -12,7 +12,7 @@ use strata_core::gate::{ENFORCED, Pending, Reply, SHADOW};
 use strata_core::identity::WindowKeyRef;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin, FailureMode};
-use strata_core::rules::{ListRequest, address_of, host_of, path_of};
+use strata_core::rules::{ListRequest, Reads, address_of, host_of, path_of};
 use strata_core::snapshot::decode_entry;
 use strata_core::table::LimitRequest;
 use strata_core::wire::{CellsResponse, DecideResponse, instance_id};
@@ -56,6 +56,8 @@ struct Replay {
 #[derive(Debug)]
 pub struct Vm {
     config: Config,
+    /// What the rules read of a request: the only headers fetched from Envoy.
+    reads: Reads,
     /// Keys that found no shared slot (and multi-limit groups): this VM's own, under its own
     /// instance id, since the origin keeps one own count per instance.
     table: CounterTable,
@@ -75,20 +77,32 @@ pub struct Vm {
     next_replay_ms: u64,
 }
 
-/// The request as Envoy's headers give it: the pseudo-headers read into the rules' view.
-fn envoy_request(headers: Vec<(String, String)>, peer: Option<String>) -> ListRequest {
-    let pseudo = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map_or("", |(_, v)| v.as_str())
+/// The request as the rules read it: only the parts and headers they name (`reads`), one
+/// host call each. Header values stay bytes; the pseudo-headers the matchers compare as text
+/// are read lossily (a byte that is not UTF-8 matches no configured text).
+fn envoy_request(host: &impl Host, reads: &Reads) -> ListRequest {
+    let text = |wanted: bool, name: &str| -> String {
+        let bytes = if wanted {
+            host.request_header(name)
+        } else {
+            None
+        };
+        bytes.map_or_else(String::new, |b| String::from_utf8_lossy(&b).into_owned())
     };
     ListRequest {
-        method: pseudo(":method").to_string(),
-        host: host_of(pseudo(":authority")).to_string(),
-        path: path_of(pseudo(":path")).to_string(),
-        peer: peer.as_deref().map(|p| address_of(p).to_string()),
-        headers,
+        method: text(reads.method, ":method"),
+        host: host_of(&text(reads.host, ":authority")).to_string(),
+        path: path_of(&text(reads.path, ":path")).to_string(),
+        peer: reads
+            .peer
+            .then(|| host.peer_address())
+            .flatten()
+            .map(|p| address_of(&p).to_string()),
+        headers: reads
+            .headers
+            .iter()
+            .filter_map(|name| Some((name.clone(), host.request_header(name)?)))
+            .collect(),
     }
 }
 
@@ -114,6 +128,7 @@ impl Vm {
             replay: None,
             replay_shared: None,
             next_replay_ms: 0,
+            reads: config.gate.rules().reads(),
             config,
         }
     }
@@ -233,7 +248,7 @@ impl Vm {
     /// `on_http_request_headers` of HTTP context `context`.
     pub fn on_request(&mut self, host: &impl Host, context: u32) -> Verdict {
         let now = host.now_ms();
-        let request = envoy_request(host.request_headers(), host.peer_address());
+        let request = envoy_request(host, &self.reads);
         let begun = self.begin_request(host, &request, now);
         let (subjects, begun, shared) = match begun {
             Ok(b) => b,

@@ -18,8 +18,9 @@ pub trait Host {
     fn now_ms(&self) -> u64;
     /// A log line at info (`warn: false`) or warning level.
     fn log(&self, warn: bool, message: &str);
-    /// The request headers of the current HTTP context (pseudo-headers included).
-    fn request_headers(&self) -> Vec<(String, String)>;
+    /// One request header of the current HTTP context (a pseudo-header too), as bytes: a
+    /// client may send any octet Envoy's codec accepts, so nothing here assumes text.
+    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
     /// The downstream peer's address (`source.address`), if known.
     fn peer_address(&self) -> Option<String>;
     /// Sends an HTTP call; the answer arrives at the current context with the token.
@@ -77,8 +78,12 @@ mod envoy {
             let level = if warn { LogLevel::Warn } else { LogLevel::Info };
             let _ = hostcalls::log(level, message);
         }
-        fn request_headers(&self) -> Vec<(String, String)> {
-            hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default()
+        // The SDK's `get_map` and `get_map_value` turn values into `String` with `unwrap`: a
+        // client's non-UTF-8 byte would trap the VM. Only the `_bytes` calls are used.
+        fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+            hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+                .ok()
+                .flatten()
         }
         fn peer_address(&self) -> Option<String> {
             let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
@@ -95,11 +100,12 @@ mod envoy {
                 .map_err(|s| format!("{s:?}"))
         }
         fn call_response(&self, body_size: usize) -> (u16, Vec<u8>) {
-            let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
+            let status =
+                hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                    .ok()
+                    .flatten()
+                    .and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok())
+                    .unwrap_or(0);
             let body = hostcalls::get_buffer(
                 proxy_wasm::types::BufferType::HttpCallResponseBody,
                 0,

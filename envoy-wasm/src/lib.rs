@@ -112,6 +112,8 @@ mod glue {
 
     impl HttpContext for Stream {
         fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+            #[cfg(feature = "fault-injection")]
+            fault::trap_if_asked();
             let context = self.context_id;
             match self.with(|vm| vm.on_request(&Envoy, context)) {
                 Some(Verdict::Pause) => Action::Pause,
@@ -123,6 +125,21 @@ mod glue {
             let context = self.context_id;
             self.with(|vm| vm.on_response(&Envoy, context));
             Action::Continue
+        }
+    }
+
+    /// A test build's deliberate VM failure (feature `fault-injection`, never in a release).
+    #[cfg(feature = "fault-injection")]
+    mod fault {
+        use proxy_wasm::hostcalls;
+        use proxy_wasm::types::MapType;
+
+        pub(super) fn trap_if_asked() {
+            let asked =
+                hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, "x-strata-fault");
+            if asked.ok().flatten().as_deref() == Some(b"trap".as_slice()) {
+                core::arch::wasm32::unreachable();
+            }
         }
     }
 }

@@ -26,7 +26,9 @@ type Sent = (u32, Vec<(String, String)>, String);
 #[derive(Default)]
 struct Fake {
     now: Cell<u64>,
-    headers: RefCell<Vec<(String, String)>>,
+    headers: RefCell<Vec<(String, Vec<u8>)>>,
+    /// The request headers the filter read, in order.
+    asked: RefCell<Vec<String>>,
     dispatched: RefCell<Vec<(String, Value)>>,
     refuse_dispatch: Cell<bool>,
     next_token: Cell<u32>,
@@ -50,8 +52,13 @@ impl Host for Fake {
     fn log(&self, _: bool, message: &str) {
         self.logs.borrow_mut().push(message.to_string());
     }
-    fn request_headers(&self) -> Vec<(String, String)> {
-        self.headers.borrow().clone()
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.asked.borrow_mut().push(name.to_string());
+        self.headers
+            .borrow()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
     }
     fn peer_address(&self) -> Option<String> {
         Some("192.0.2.7:51000".into())
@@ -337,6 +344,56 @@ fn a_bad_cost_header_gets_a_400_and_counts_nothing() {
     assert_eq!(sent[0].0, 400);
     assert!(sent[0].2.contains("x-cost"));
     assert!(host.dispatched.borrow().is_empty());
+}
+
+#[test]
+fn only_the_named_headers_are_read_and_any_bytes_key_a_limit_of_their_own() {
+    let host = Fake::new();
+    let mut vm = vm(&host, "");
+    for (i, value) in [
+        &b"caf\xc3\xa9"[..],
+        b"caf\xe9",
+        b"\xff\xfe\x00",
+        b"%FF\xfe\x00",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        host.request("unused");
+        host.headers.borrow_mut()[3].1 = value.to_vec();
+        host.headers
+            .borrow_mut()
+            .push(("x-other".into(), b"\x80\x81 not read".to_vec()));
+        host.asked.borrow_mut().clear();
+        let context = u32::try_from(i).unwrap() + 10;
+        assert_eq!(vm.on_request(&host, context), Verdict::Pause);
+        assert_eq!(
+            *host.asked.borrow(),
+            ["x-api-key"],
+            "one host call, the rule's header"
+        );
+    }
+    let identifiers: Vec<String> = host
+        .dispatched
+        .borrow()
+        .iter()
+        .map(|(_, body)| {
+            body["limits"][0]["identifier"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        identifiers,
+        [
+            "key=café",
+            "key=caf%E9",
+            "key=%FF%FE\u{0}",
+            "key=%25FF%FE\u{0}"
+        ],
+        "UTF-8 text is kept as it is; other bytes are spelled %XX, apart from a client's own `%`"
+    );
 }
 
 #[test]

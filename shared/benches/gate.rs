@@ -30,10 +30,10 @@ impl RequestView for Req {
     fn path(&self) -> &str {
         "/api/items"
     }
-    fn header(&self, name: &str) -> Option<&str> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
         match name {
-            "x-api-key" => Some("warm-key"),
-            "accept" => Some("*/*"),
+            "x-api-key" => Some(b"warm-key"),
+            "accept" => Some(b"*/*"),
             _ => None,
         }
     }

@@ -27,6 +27,11 @@ pub const MAX_RULES: usize = 32;
 pub const MAX_ACTIONS: usize = 8;
 
 /// A request as the rules see it. Header names are asked in lower case.
+///
+/// Header values are bytes, as clients send them: HTTP allows any octet but control characters
+/// in a value, and Envoy passes them on. The rules compare bytes, a cost must be ASCII digits,
+/// and a descriptor spells each byte that is not UTF-8 as `%XX`, so no value is lost, borrowed
+/// or confused with another.
 pub trait RequestView {
     /// The method, upper case (`GET`).
     fn method(&self) -> &str;
@@ -34,8 +39,8 @@ pub trait RequestView {
     fn host(&self) -> &str;
     /// The path, without the query.
     fn path(&self) -> &str;
-    /// A header's value (several values joined with `, `), by lower-case name.
-    fn header(&self, name: &str) -> Option<&str>;
+    /// A header's value, by lower-case name.
+    fn header(&self, name: &str) -> Option<&[u8]>;
     /// The address of the peer that connected (Envoy's downstream address), if known.
     fn peer_address(&self) -> Option<&str>;
 }
@@ -50,8 +55,8 @@ pub struct ListRequest {
     pub host: String,
     /// Path without query (see [`path_of`]).
     pub path: String,
-    /// Lower-case names; the first pair of a name wins.
-    pub headers: Vec<(String, String)>,
+    /// Lower-case names and their values' bytes; the first pair of a name wins.
+    pub headers: Vec<(String, Vec<u8>)>,
     /// The peer's address without port (see [`address_of`]).
     pub peer: Option<String>,
 }
@@ -66,11 +71,11 @@ impl RequestView for ListRequest {
     fn path(&self) -> &str {
         &self.path
     }
-    fn header(&self, name: &str) -> Option<&str> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_slice())
     }
     fn peer_address(&self) -> Option<&str> {
         self.peer.as_deref()
@@ -309,8 +314,8 @@ impl HeaderMatcher {
     pub fn matches(&self, request: &impl RequestView) -> bool {
         let value = request.header(&self.name);
         let hit = match &self.test {
-            HeaderTest::Exact(v) => value == Some(v.as_str()),
-            HeaderTest::Prefix(p) => value.is_some_and(|v| v.starts_with(p.as_str())),
+            HeaderTest::Exact(v) => value == Some(v.as_bytes()),
+            HeaderTest::Prefix(p) => value.is_some_and(|v| v.starts_with(p.as_bytes())),
             HeaderTest::Present(want) => value.is_some() == *want,
         };
         hit != self.invert
@@ -415,6 +420,21 @@ pub struct Applied {
     pub cost: u64,
 }
 
+/// The parts of a request a rule set reads ([`RuleSet::reads`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The method.
+    pub method: bool,
+    /// The host.
+    pub host: bool,
+    /// The path.
+    pub path: bool,
+    /// The peer's address.
+    pub peer: bool,
+    /// These headers (lower-case names, each once).
+    pub headers: Vec<String>,
+}
+
 /// A parsed, validated list of rules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuleSet {
@@ -437,6 +457,44 @@ impl RuleSet {
     /// The rules, in order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// What [`apply`](Self::apply) may read of a request: a shell that fetches each part
+    /// with a host call (Envoy) fetches these and no other.
+    pub fn reads(&self) -> Reads {
+        let mut reads = Reads::default();
+        let mut headers: Vec<String> = Vec::new();
+        let mut header = |name: &str| {
+            if !headers.iter().any(|h| h == name) {
+                headers.push(name.to_string());
+            }
+        };
+        for rule in &self.rules {
+            let m = &rule.matcher;
+            reads.method |= !m.methods.is_empty();
+            reads.host |= !m.hosts.is_empty();
+            reads.path |= m.path_prefix.is_some();
+            m.headers.iter().for_each(|h| header(&h.name));
+            if let Cost::Header { name, .. } = &rule.cost {
+                header(name);
+            }
+            for action in &rule.actions {
+                match action {
+                    Action::RequestHeaders { header_name, .. } => header(header_name),
+                    Action::RemoteAddress => {
+                        header("cf-connecting-ip");
+                        header("x-forwarded-for");
+                        reads.peer = true;
+                    }
+                    Action::GenericKey { .. } => {}
+                    Action::HeaderValueMatch { headers, .. } => {
+                        headers.iter().for_each(|h| header(&h.name));
+                    }
+                }
+            }
+        }
+        reads.headers = headers;
+        reads
     }
 
     fn validate(raw: RawRuleSet) -> Result<Self, RuleError> {
@@ -518,10 +576,10 @@ fn request_cost(cost: &Cost, request: &impl RequestView) -> Result<u64, String> 
         Cost::Constant(c) => Ok(*c),
         Cost::Header { name, default, max } => match request.header(name) {
             None => Ok(*default),
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(c) if c <= *max => Ok(c),
-                Ok(c) => Err(format!("header {name} asks a cost of {c}, at most {max}")),
-                Err(_) => Err(format!(
+            Some(v) => match core::str::from_utf8(v).map(|v| v.trim().parse::<u64>()) {
+                Ok(Ok(c)) if c <= *max => Ok(c),
+                Ok(Ok(c)) => Err(format!("header {name} asks a cost of {c}, at most {max}")),
+                _ => Err(format!(
                     "header {name} must be a whole number from 0 to {max}"
                 )),
             },
@@ -530,16 +588,19 @@ fn request_cost(cost: &Cost, request: &impl RequestView) -> Result<u64, String> 
 }
 
 /// The client's address: `CF-Connecting-IP`, else the first `X-Forwarded-For` hop, else the
-/// peer that connected.
+/// peer that connected. A header that is not text is passed over.
 pub fn client_address(request: &impl RequestView) -> Option<&str> {
     let non_empty = |v: &str| -> bool { !v.is_empty() };
-    request
-        .header("cf-connecting-ip")
+    let text = |name: &str| {
+        request
+            .header(name)
+            .and_then(|v| core::str::from_utf8(v).ok())
+    };
+    text("cf-connecting-ip")
         .map(str::trim)
         .filter(|v| non_empty(v))
         .or_else(|| {
-            request
-                .header("x-forwarded-for")
+            text("x-forwarded-for")
                 .and_then(|v| v.split(',').next())
                 .map(str::trim)
                 .filter(|v| non_empty(v))
@@ -551,7 +612,7 @@ pub fn client_address(request: &impl RequestView) -> Option<&str> {
 fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> {
     let mut out = String::new();
     for action in actions {
-        let (key, value) = match action {
+        let (key, value): (&str, &[u8]) = match action {
             Action::RequestHeaders {
                 header_name,
                 descriptor_key,
@@ -561,11 +622,11 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
                 None if *skip_if_absent => continue,
                 None => return None,
             },
-            Action::RemoteAddress => ("remote_address", client_address(request)?),
+            Action::RemoteAddress => ("remote_address", client_address(request)?.as_bytes()),
             Action::GenericKey {
                 descriptor_key,
                 descriptor_value,
-            } => (descriptor_key.as_str(), descriptor_value.as_str()),
+            } => (descriptor_key.as_str(), descriptor_value.as_bytes()),
             Action::HeaderValueMatch {
                 descriptor_key,
                 descriptor_value,
@@ -575,7 +636,7 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
                 if headers.iter().all(|h| h.matches(request)) != *expect_match {
                     return None;
                 }
-                (descriptor_key.as_str(), descriptor_value.as_str())
+                (descriptor_key.as_str(), descriptor_value.as_bytes())
             }
         };
         if !out.is_empty() {
@@ -583,10 +644,28 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
         }
         encode(&mut out, key);
         out.push('=');
-        encode(&mut out, value);
+        encode_bytes(&mut out, value);
     }
     // Every entry skipped: nothing to limit by, as in Envoy.
     (!out.is_empty()).then_some(out)
+}
+
+/// [`encode`]s a value's UTF-8 runs and spells each other byte `%XX`: as `%` itself is
+/// encoded, `%XX` in the result is never the client's text, so every value keeps a key of its
+/// own.
+fn encode_bytes(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for chunk in bytes.utf8_chunks() {
+        encode(out, chunk.valid());
+        for b in chunk.invalid() {
+            out.push('%');
+            for nibble in [b >> 4, b & 0xf] {
+                out.push(char::from(
+                    HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
+                ));
+            }
+        }
+    }
 }
 
 /// Percent-encodes the separators (and `%` itself), so `a=b&c` as a value cannot pass for

@@ -197,7 +197,16 @@ fn request() -> impl Strategy<Value = ListRequest> {
         prop_oneof![Just("GET".to_string()), ".{0,8}"],
         ".{0,40}",
         prop_oneof![Just("/api/x".to_string()), ".{0,80}"],
-        prop::collection::vec((name, ".{0,300}"), 0..6),
+        prop::collection::vec(
+            (
+                name,
+                prop_oneof![
+                    ".{0,300}".prop_map(String::into_bytes),
+                    prop::collection::vec(any::<u8>(), 0..300),
+                ],
+            ),
+            0..6,
+        ),
         prop::option::of(".{0,40}"),
     )
         .prop_map(|(method, host, path, headers, peer)| ListRequest {

@@ -47,6 +47,7 @@ trait Build {
     fn with_host(self, host: &str) -> Self;
     fn with_peer(self, peer: Option<&str>) -> Self;
     fn with_header(self, name: &str, value: &str) -> Self;
+    fn with_bytes(self, name: &str, value: &[u8]) -> Self;
 }
 
 impl Build for Req {
@@ -65,8 +66,13 @@ impl Build for Req {
         self
     }
 
-    fn with_header(mut self, name: &str, value: &str) -> Self {
-        self.headers.push((name.to_ascii_lowercase(), value.into()));
+    fn with_header(self, name: &str, value: &str) -> Self {
+        self.with_bytes(name, value.as_bytes())
+    }
+
+    fn with_bytes(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers
+            .push((name.to_ascii_lowercase(), value.to_vec()));
         self
     }
 }
@@ -437,6 +443,86 @@ fn separators_are_percent_encoded_in_keys_and_values() {
         .with_header("x-a", "é:/ ?#+")
         .with_header("x-b", "\"");
     assert_eq!(ids(&rules, &plain), ["k%26%3D%25=é:/ ?#+&b=\""]);
+}
+
+#[test]
+fn header_values_are_bytes_and_text_rules_read_them_as_bytes() {
+    let rules = set(&[
+        rule(
+            json!([header_action("x-user", "user")]),
+            json!({"name": "users", "cost": {"header": "x-cost", "max": 9}}),
+        ),
+        rule(
+            json!([{"remote_address": {}}]),
+            json!({"name": "ip", "namespace": "ip"}),
+        ),
+        rule(
+            json!([generic("gold")]),
+            json!({"name": "gold", "namespace": "gold",
+                "match": {"headers": [{"name": "x-tier", "prefix_match": "gold"}]}}),
+        ),
+    ]);
+    let req = get("/")
+        .with_bytes("x-user", b"\xffk\xc3")
+        .with_bytes("cf-connecting-ip", b"\x80")
+        .with_bytes("x-tier", b"gold\xff");
+    assert_eq!(
+        ids(&rules, &req),
+        [
+            "user=%FFk%C3",
+            "remote_address=192.0.2.1",
+            "generic_key=gold"
+        ],
+        "bytes keyed as %XX; an address that is not text is passed over; a prefix of bytes"
+    );
+    let err = rules
+        .apply(
+            &get("/")
+                .with_header("x-user", "u")
+                .with_bytes("x-cost", b"\xb3"),
+        )
+        .unwrap_err();
+    assert_eq!(err.rule, "users");
+    assert!(err.message.contains("whole number"), "{err}");
+    let exact = one(
+        json!([generic("e")]),
+        json!({"match": {"headers": [{"name": "x-tier", "exact_match": "é"}]}}),
+    );
+    assert_eq!(
+        ids(&exact, &get("/").with_bytes("x-tier", "é".as_bytes())).len(),
+        1
+    );
+    assert!(ids(&exact, &get("/").with_bytes("x-tier", b"\xe9")).is_empty());
+}
+
+#[test]
+fn reads_names_every_part_and_header_the_rules_look_at_once() {
+    let rules = set(&[
+        rule(
+            json!([header_action("X-User", "user"), {"remote_address": {}}]),
+            json!({"name": "a", "cost": {"header": "x-cost", "max": 9},
+                "match": {"methods": ["GET"], "headers": [{"name": "x-user", "present_match": true}]}}),
+        ),
+        rule(
+            json!([{"header_value_match": {"descriptor_value": "v",
+                "headers": [{"name": "x-tier", "exact_match": "gold"}]}}]),
+            json!({"name": "b", "match": {"path_prefix": "/api"}}),
+        ),
+    ]);
+    let reads = rules.reads();
+    assert!(reads.method && reads.path && reads.peer && !reads.host);
+    assert_eq!(
+        reads.headers,
+        [
+            "x-user",
+            "x-cost",
+            "cf-connecting-ip",
+            "x-forwarded-for",
+            "x-tier"
+        ]
+    );
+    let generic_only = one(json!([generic("all")]), json!({})).reads();
+    assert_eq!(generic_only, strata_core::rules::Reads::default());
 }
 
 #[test]
@@ -1167,10 +1253,11 @@ fn request() -> impl Strategy<Value = Req> {
         "user-agent",
     ]);
     let value = prop_oneof![
-        "[a-z0-9&=%, ]{0,12}",
-        Just("5".to_string()),
-        Just("1000".to_string()),
-        ".{0,300}",
+        "[a-z0-9&=%, ]{0,12}".prop_map(String::into_bytes),
+        Just(b"5".to_vec()),
+        Just(b"1000".to_vec()),
+        ".{0,300}".prop_map(String::into_bytes),
+        prop::collection::vec(any::<u8>(), 0..40),
     ];
     (
         prop::sample::select(vec!["GET", "POST", "DELETE"]),
@@ -1191,17 +1278,20 @@ fn request() -> impl Strategy<Value = Req> {
         })
 }
 
-/// Pieces of header values, each with a look-alike: a separator and its encoding, or a
-/// piece that is its own.
-const PIECES: [(&str, &str); 8] = [
-    ("&", "%26"),
-    ("=", "%3D"),
-    ("%", "%25"),
-    ("b=", "b%3D"),
-    ("&b=", "%26b%3D"),
-    ("a", "a"),
-    ("2", "2"),
-    ("é ", "é "),
+/// Pieces of header values, each with a look-alike: a separator and its encoding, a byte that
+/// is not UTF-8 and its spelling in a key, or a piece that is its own.
+const PIECES: [(&[u8], &[u8]); 11] = [
+    (b"&", b"%26"),
+    (b"=", b"%3D"),
+    (b"%", b"%25"),
+    (b"b=", b"b%3D"),
+    (b"&b=", b"%26b%3D"),
+    (b"a", b"a"),
+    (b"2", b"2"),
+    ("é ".as_bytes(), "é ".as_bytes()),
+    (b"\xff", b"%FF"),
+    (b"\xc3", b"%C3"),
+    (b"\xe9", "é".as_bytes()),
 ];
 
 /// Two header values as pieces: which piece, and which of its two spellings.
@@ -1211,10 +1301,11 @@ fn spelled() -> impl Strategy<Value = Spelled> {
     prop::collection::vec((0..PIECES.len(), any::<bool>()), 0..5)
 }
 
-fn spell(pieces: &Spelled) -> String {
+fn spell(pieces: &Spelled) -> Vec<u8> {
     pieces
         .iter()
-        .map(|&(i, alt)| if alt { PIECES[i].1 } else { PIECES[i].0 })
+        .flat_map(|&(i, alt)| if alt { PIECES[i].1 } else { PIECES[i].0 })
+        .copied()
         .collect()
 }
 
@@ -1277,12 +1368,12 @@ proptest! {
             2 => (spell(&a), spell(&b), spell(&other.0), spell(&other.1)),
             _ => {
                 let (a, x, y) = (spell(&a), spell(&b), spell(&other.0));
-                (a.clone(), format!("{x}&b={y}"), format!("{a}&b={x}"), y)
+                (a.clone(), [&x[..], b"&b=", &y].concat(), [&a[..], b"&b=", &x].concat(), y)
             }
         };
         let rules = one(json!([header_action("x-a", "a"), header_action("x-b", "b")]), json!({}));
-        let first = ids(&rules, &get("/").with_header("x-a", &a).with_header("x-b", &b));
-        let second = ids(&rules, &get("/").with_header("x-a", &c).with_header("x-b", &d));
+        let first = ids(&rules, &get("/").with_bytes("x-a", &a).with_bytes("x-b", &b));
+        let second = ids(&rules, &get("/").with_bytes("x-a", &c).with_bytes("x-b", &d));
         prop_assert_eq!(first.len(), 1);
         prop_assert_eq!(second.len(), 1);
         prop_assert_eq!(first == second, (&a, &b) == (&c, &d), "{:?} {:?}", first, second);

@@ -29,13 +29,45 @@ pub fn binary() -> PathBuf {
 }
 
 pub fn filter() -> PathBuf {
-    let wasm = super::root().join("envoy-wasm/dist/strata_envoy.wasm");
+    built("strata_envoy.wasm")
+}
+
+/// The filter built with `fault-injection`: a request carrying `x-strata-fault: trap` traps
+/// its VM (the tests' only way to make a VM fail on purpose).
+pub fn faulty_filter() -> PathBuf {
+    built("strata_envoy_fault.wasm")
+}
+
+fn built(name: &str) -> PathBuf {
+    let wasm = super::root().join("envoy-wasm/dist").join(name);
     assert!(
         wasm.exists(),
-        "{} is missing: run scripts/build-envoy.sh (scripts/test.sh does)",
+        "{} is missing: run scripts/build-envoy.sh (with --fault-injection for the test variant; scripts/test.sh builds both)",
         wasm.display()
     );
     wasm
+}
+
+/// How a test's Envoy runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Worker threads, so VMs.
+    pub concurrency: u32,
+    /// The filter's Wasm file.
+    pub wasm: PathBuf,
+    /// The connection manager's `request_timeout`: the bound on a request whose filter never
+    /// lets it go (a VM that failed while the request was paused).
+    pub request_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            concurrency: 2,
+            wasm: filter(),
+            request_timeout_ms: 15_000,
+        }
+    }
 }
 
 /// A cluster of one STATIC loopback endpoint (none: a cluster with no host at all).
@@ -61,7 +93,7 @@ pub enum Filters {
 }
 
 impl Filters {
-    fn yaml(&self) -> String {
+    fn yaml(&self, wasm: &std::path::Path) -> String {
         match self {
             Filters::Strata(configuration) => format!(
                 r#"          - name: envoy.filters.http.wasm
@@ -83,7 +115,7 @@ impl Filters {
                       filename: {wasm}
 "#,
                 config = configuration.replace('\'', "''"),
-                wasm = filter().display()
+                wasm = wasm.display()
             ),
             Filters::None => String::new(),
             Filters::LocalRatelimit { tokens, fill_s } => format!(
@@ -118,6 +150,7 @@ impl Filters {
 /// without hosts).
 pub fn yaml(
     filters: &Filters,
+    options: &Options,
     upstream_port: u16,
     gateway_port: Option<u16>,
     port: u16,
@@ -138,6 +171,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress_http
+          request_timeout: {request_timeout}s
           route_config:
             name: local_route
             virtual_hosts:
@@ -153,7 +187,8 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
 {upstream}{gateway}"#,
-        filters = filters.yaml(),
+        filters = filters.yaml(&options.wasm),
+        request_timeout = Seconds(options.request_timeout_ms),
         route_extra = filters.route_extra(),
         upstream = cluster("upstream", Some(upstream_port)),
         gateway = cluster("strata_gateway", gateway_port),
@@ -172,6 +207,16 @@ impl Envoy {
 
     /// Starts Envoy (`--concurrency 2`) with `filters` before the router.
     pub fn start_with(filters: &Filters, upstream_port: u16, gateway_port: Option<u16>) -> Self {
+        Self::start_opts(filters, &Options::default(), upstream_port, gateway_port)
+    }
+
+    /// Starts Envoy with `filters` before the router, run as `options` say.
+    pub fn start_opts(
+        filters: &Filters,
+        options: &Options,
+        upstream_port: u16,
+        gateway_port: Option<u16>,
+    ) -> Self {
         let (port, admin) = (super::free_port(), super::free_port());
         let dir = std::env::temp_dir().join(format!("strata-envoy-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -179,20 +224,15 @@ impl Envoy {
         let config = dir.join("envoy.yaml");
         std::fs::write(
             &config,
-            yaml(filters, upstream_port, gateway_port, port, admin),
+            yaml(filters, options, upstream_port, gateway_port, port, admin),
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
         let child = Command::new(binary())
             .arg("-c")
             .arg(&config)
-            .args([
-                "--concurrency",
-                "2",
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-            ])
+            .args(["--concurrency", &options.concurrency.to_string()])
+            .args(["--disable-hot-restart", "--log-level", "warn"])
             .args(["--component-log-level", "wasm:info"])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -249,21 +289,42 @@ impl Envoy {
         }
     }
 
-    /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy.
-    pub async fn stat(&self, http: &reqwest::Client, name: &str) -> u64 {
+    /// Envoy's own stats whose name contains `filter`, as `name: value` pairs.
+    pub async fn stats(&self, http: &reqwest::Client, filter: &str) -> Vec<(String, u64)> {
         let text = http
-            .get(format!("{}/stats?filter=wasmcustom", self.admin))
+            .get(format!("{}/stats?filter={filter}", self.admin))
             .send()
             .await
             .unwrap()
             .text()
             .await
             .unwrap();
-        let key = format!("wasmcustom.{name}: ");
         text.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in /stats:\n{text}"))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy.
+    pub async fn stat(&self, http: &reqwest::Client, name: &str) -> u64 {
+        let key = format!("wasmcustom.{name}");
+        let stats = self.stats(http, "wasmcustom").await;
+        stats
+            .iter()
+            .find(|(n, _)| *n == key)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no {key} in /stats: {stats:?}"))
+    }
+}
+
+/// Milliseconds written as the seconds of a protobuf `Duration` (`1.5`).
+struct Seconds(u64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:03}", self.0 / 1_000, self.0 % 1_000)
     }
 }
 

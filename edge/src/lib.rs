@@ -12,7 +12,6 @@ mod view;
 
 use strata_core::gate::{Gate, Pending, Subject};
 use strata_core::replay::ReplayBatch;
-use strata_core::request::FailureMode;
 use strata_core::wire::{CellsResponse, DecideResponse};
 use strata_core::{CounterTable, TableConfig, WindowDuration};
 use wasm_bindgen::prelude::*;
@@ -41,7 +40,6 @@ pub struct Edge {
     gate: Gate,
     table: CounterTable,
     instance: String,
-    mode: FailureMode,
     stats: Stats,
 }
 
@@ -143,9 +141,8 @@ impl Edge {
             .map_err(|e| JsError::new(&e.to_string()))?;
         let instance = strata_core::wire::instance_id(region, "edge", random_u64());
         Ok(Edge {
-            mode: gate.options().failure_mode.into(),
+            table: gate.table(TableConfig::default(), random_u64()),
             gate,
-            table: CounterTable::new(TableConfig::default(), random_u64()),
             instance,
             stats: Stats::default(),
         })
@@ -247,7 +244,7 @@ impl Edge {
         };
         request
             .pending
-            .answer(&mut self.table, group, &response, self.mode, whole(now_ms));
+            .answer(&mut self.table, group, &response, whole(now_ms));
         let taken = !request.pending.origin_failed;
         if !taken {
             self.stats.origin_failures += 1;
@@ -258,9 +255,7 @@ impl Edge {
     /// Group `group`'s call failed (unreachable, timed out): decided per the failure mode.
     pub fn fail(&mut self, request: &mut EdgeRequest, group: usize, now_ms: f64) {
         self.stats.origin_failures += 1;
-        request
-            .pending
-            .fail(&mut self.table, group, self.mode, whole(now_ms));
+        request.pending.fail(&mut self.table, group, whole(now_ms));
     }
 
     /// The reply, once every call is answered or failed.

@@ -11,7 +11,7 @@ use strata_core::cell::WindowState;
 use strata_core::gate::{ENFORCED, Pending, Reply, SHADOW};
 use strata_core::identity::WindowKeyRef;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
-use strata_core::request::{self, Begin, FailureMode};
+use strata_core::request::{self, Begin};
 use strata_core::rules::{ListRequest, Reads, address_of, host_of, path_of};
 use strata_core::snapshot::decode_entry;
 use strata_core::table::LimitRequest;
@@ -117,7 +117,7 @@ impl Vm {
             Slots::seed(host, config.shared_slots, &fresh)
         });
         Self {
-            table: CounterTable::new(TableConfig::default(), host.random_u64()),
+            table: config.gate.table(TableConfig::default(), host.random_u64()),
             vm_instance,
             slots,
             vm_tag,
@@ -148,7 +148,8 @@ impl Vm {
         for _ in 0..CAS_TRIES {
             let mut loaded = slots.load(host, limit.key, now)?;
             let mut one = One::new(loaded.state, host);
-            let begun = request::begin(&mut one, std::slice::from_ref(limit), now);
+            let policy = self.table.config().origin;
+            let begun = request::begin(&mut one, std::slice::from_ref(limit), now, &policy);
             loaded.state = one.state;
             match Slots::store(host, &loaded, limit.key) {
                 Ok(()) => return Some(begun),
@@ -168,12 +169,11 @@ impl Vm {
         response: Option<&DecideResponse>,
         now: u64,
     ) {
-        let mode = self.mode();
         let shared = paused.shared.get(g).copied().unwrap_or(false);
         if !shared {
             match response {
-                Some(r) => paused.pending.answer(&mut self.table, g, r, mode, now),
-                None => paused.pending.fail(&mut self.table, g, mode, now),
+                Some(r) => paused.pending.answer(&mut self.table, g, r, now),
+                None => paused.pending.fail(&mut self.table, g, now),
             }
             return;
         }
@@ -194,8 +194,8 @@ impl Vm {
             let mut attempt = paused.pending.clone();
             let mut one = One::new(loaded.state, host);
             match response {
-                Some(r) => attempt.answer_on(&mut one, g, r, mode, now, &policy),
-                None => attempt.fail_on(&mut one, g, mode, now, &policy),
+                Some(r) => attempt.answer_on(&mut one, g, r, now, &policy),
+                None => attempt.fail_on(&mut one, g, now, &policy),
             }
             loaded.state = one.state;
             match Slots::store(host, &loaded, key.as_ref()) {
@@ -211,8 +211,8 @@ impl Vm {
         // origin holds what it counted).
         let mut one = One::new(WindowState::new(key.as_ref().duration(), now), host);
         match response {
-            Some(r) => paused.pending.answer_on(&mut one, g, r, mode, now, &policy),
-            None => paused.pending.fail_on(&mut one, g, mode, now, &policy),
+            Some(r) => paused.pending.answer_on(&mut one, g, r, now, &policy),
+            None => paused.pending.fail_on(&mut one, g, now, &policy),
         }
     }
 
@@ -225,10 +225,6 @@ impl Vm {
                 .clamp(10, 1_000)
                 / 2,
         )
-    }
-
-    fn mode(&self) -> FailureMode {
-        self.config.options().failure_mode.into()
     }
 
     fn call_headers(&self, path: &'static str) -> Vec<(&str, &str)> {

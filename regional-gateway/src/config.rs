@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
-use strata_core::Region;
 use strata_core::identity::validate_workspace;
+use strata_core::{FailureMode, Region};
 
 /// Default listen address: loopback only, so a fresh gateway is not reachable from outside.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
@@ -26,6 +26,8 @@ pub const DEFAULT_FRESH_FOR: Duration =
 /// Default local-only period after a failed origin call: the core's.
 pub const DEFAULT_READ_RETRY: Duration =
     Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS);
+/// Default failure mode: decide from local memory.
+pub const DEFAULT_FAILURE_MODE: &str = "local";
 /// Default bound on one origin call (read, replay, ping).
 pub const DEFAULT_ORIGIN_TIMEOUT: Duration = Duration::from_millis(300);
 /// Default pause between replay passes (a pass sends every waiting cell, in batches).
@@ -172,7 +174,11 @@ layer! {
         #[arg(long, env = "STRATA_READ_RETRY", value_name = "DURATION")]
         #[default = DEFAULT_READ_RETRY]
         pub read_retry: Option<String>,
-        /// Bound on one origin call; past it the call fails and decisions fall back to local.
+        /// What a request whose decision needs the origin gets when the origin gives no answer (and for --read-retry after): local (decide from memory), allow, or deny. A lease granted before covers what it covers, and a denial the process's own count proves denies, in every mode.
+        #[arg(long, env = "STRATA_FAILURE_MODE", value_name = "MODE")]
+        #[default = DEFAULT_FAILURE_MODE]
+        pub failure_mode: Option<String>,
+        /// Bound on one origin call; past it the call fails and the failure mode decides.
         #[arg(long, env = "STRATA_ORIGIN_TIMEOUT", value_name = "DURATION")]
         #[default = DEFAULT_ORIGIN_TIMEOUT]
         pub origin_timeout: Option<String>,
@@ -288,8 +294,10 @@ pub struct Settings {
     pub tokens: HashMap<String, String>,
     /// How long a lease may be used.
     pub fresh_for: Duration,
-    /// Local-only period after a failed read.
+    /// Period after a failed origin call during which the failure mode decides, with no call.
     pub read_retry: Duration,
+    /// What requests get while the origin gives no answer.
+    pub failure_mode: FailureMode,
     /// Bound on one origin call.
     pub origin_timeout: Duration,
     /// Pause between replay passes.
@@ -326,6 +334,7 @@ impl Default for Settings {
             tokens: HashMap::new(),
             fresh_for: DEFAULT_FRESH_FOR,
             read_retry: DEFAULT_READ_RETRY,
+            failure_mode: FailureMode::Local,
             origin_timeout: DEFAULT_ORIGIN_TIMEOUT,
             replay_interval: DEFAULT_REPLAY_INTERVAL,
             table_capacity: DEFAULT_TABLE_CAPACITY,
@@ -540,6 +549,18 @@ impl Settings {
                 None => d.table_capacity,
             },
             legacy_headers: layer.legacy_headers.unwrap_or(d.legacy_headers),
+            failure_mode: match layer.failure_mode.as_deref().map(str::trim) {
+                None => d.failure_mode,
+                Some("local") => FailureMode::Local,
+                Some("allow") => FailureMode::Allow,
+                Some("deny") => FailureMode::Deny,
+                Some(other) => {
+                    return Err(err(
+                        "--failure-mode",
+                        format_args!("{other:?} is not one of local, allow, deny"),
+                    ));
+                }
+            },
             listen,
             region,
             redis_url,
@@ -640,7 +661,23 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 14, "every setting with a plain default");
+        assert_eq!(checked, 15, "every setting with a plain default");
+    }
+
+    #[test]
+    fn the_failure_mode_is_one_of_three_words() {
+        for (word, mode) in [
+            ("local", FailureMode::Local),
+            ("allow", FailureMode::Allow),
+            ("deny", FailureMode::Deny),
+        ] {
+            let s = Settings::from_cli(cli(&["--failure-mode", word])).unwrap();
+            assert_eq!(s.failure_mode, mode);
+            assert_eq!(mode.as_str(), word);
+        }
+        let e = Settings::from_cli(cli(&["--failure-mode", "open"])).unwrap_err();
+        assert_eq!(e.setting, "--failure-mode");
+        assert!(e.to_string().contains("local, allow, deny"), "{e}");
     }
 
     #[test]

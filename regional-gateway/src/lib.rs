@@ -92,6 +92,7 @@ impl Gateway {
         let policy = OriginPolicy {
             lease_ms: u64::try_from(settings.fresh_for.as_millis()).unwrap_or(u64::MAX),
             read_retry_ms: u64::try_from(settings.read_retry.as_millis()).unwrap_or(u64::MAX),
+            failure_mode: settings.failure_mode,
         };
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let store = Store::connect(

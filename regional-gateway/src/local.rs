@@ -26,6 +26,7 @@ pub struct ReplayCursor {
 pub struct LocalTables {
     shards: Box<[Mutex<CounterTable>]>,
     hasher: RandomState,
+    policy: OriginPolicy,
 }
 
 impl LocalTables {
@@ -49,7 +50,13 @@ impl LocalTables {
         Self {
             shards,
             hasher: RandomState::default(),
+            policy: origin,
         }
+    }
+
+    /// The origin policy every shard decides with (its failure mode among it).
+    pub const fn policy(&self) -> &OriginPolicy {
+        &self.policy
     }
 
     fn index(&self, key: WindowKeyRef<'_>) -> usize {

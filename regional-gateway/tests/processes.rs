@@ -254,3 +254,61 @@ async fn quiet_keys_are_replayed_about_once_a_second_and_nothing_is_lost() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
+/// port nothing listens on: each mode as named, no answer slower than the origin timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
+    let http = reqwest::Client::new();
+    let closed = format!("redis://127.0.0.1:{}", common::free_port());
+    for (mode, admitted) in common::conformance::TABLE {
+        let g = GatewayProcess::start(&[
+            "--redis-url",
+            &closed,
+            "--failure-mode",
+            mode,
+            "--origin-timeout",
+            "250ms",
+        ]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http
+            .get(format!("{}/healthz", g.base))
+            .send()
+            .await
+            .map_or(true, |r| r.status() != 200)
+        {
+            assert!(Instant::now() < deadline, "gateway not up");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let (client, base) = (http.clone(), g.base.clone());
+        common::conformance::check("gateway", mode, 250, move |key| {
+            let (http, base) = (client.clone(), base.clone());
+            async move {
+                let limit = json!({"namespace": "conformance", "identifier": key,
+                    "limit": common::conformance::LIMIT, "duration": 86_400_000});
+                let r = http
+                    .post(format!("{base}/v1/ratelimit"))
+                    .json(&limit)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let body: Value = r.json().await.map_err(|e| e.to_string())?;
+                body["success"]
+                    .as_bool()
+                    .ok_or(format!("no decision: {body}"))
+            }
+        })
+        .await;
+        let text = common::metrics(&http, &g.base).await;
+        let fallback = common::metric_sum(&text, |l| {
+            l.starts_with("strata_decisions_total{source=\"fallback\"")
+        });
+        // Every pass is the failure mode's (a denial may be the local count's own).
+        #[allow(clippy::cast_precision_loss)]
+        let passes = (2 * admitted).max(1) as f64;
+        assert!(
+            fallback >= passes,
+            "{mode}: the answers say the failure mode decided them ({fallback})"
+        );
+    }
+}

@@ -73,7 +73,9 @@ fn bench(c: &mut Criterion, name: &str, keys: usize) {
             let key = WindowKeyRef::new("ws", "api", &ids[order[i]], duration).unwrap();
             match table.check(key, MAX_COUNT, 1, NOW_MS) {
                 Step::Decided(d) => black_box(d.success),
-                Step::Origin(_) => panic!("the lease covers every decision of the run"),
+                Step::Origin(_) | Step::Fallback(_) => {
+                    panic!("the lease covers every decision of the run")
+                }
             }
         })
     });

@@ -24,7 +24,7 @@ use crate::identity::{WindowKeyRef, validate_workspace};
 use crate::origin::OriginPolicy;
 use crate::request::{self, Begin, FailureMode, OriginCall, States};
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
-use crate::table::{CounterTable, LimitRequest};
+use crate::table::{CounterTable, LimitRequest, TableConfig};
 use crate::window::WindowDuration;
 use crate::wire::DecideResponse;
 
@@ -32,8 +32,9 @@ use crate::wire::DecideResponse;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GateOptions {
-    /// What a request gets when the origin cannot be reached: `local` (decide from memory),
-    /// `allow` or `deny`.
+    /// What a request whose decision needs the origin gets when the origin gives no answer:
+    /// `local` (decide from memory), `allow` or `deny` ([`FailureMode`]). It takes effect
+    /// through the table: make it with [`Gate::table`].
     pub failure_mode: FailureModeName,
     /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
     pub legacy_headers: bool,
@@ -78,6 +79,17 @@ impl From<FailureModeName> for FailureMode {
 }
 
 impl GateOptions {
+    /// `config` with these options' failure mode: the table a gate with them decides on.
+    pub fn table_config(&self, config: TableConfig) -> TableConfig {
+        TableConfig {
+            origin: OriginPolicy {
+                failure_mode: self.failure_mode.into(),
+                ..config.origin
+            },
+            ..config
+        }
+    }
+
     /// Parses the options JSON; errors name the field.
     pub fn from_json(json: &str) -> Result<Self, RuleError> {
         let mut de = serde_json::Deserializer::from_str(json);
@@ -213,6 +225,12 @@ impl Gate {
         &self.options
     }
 
+    /// The table this gate's requests are decided on: `config` with the options' failure
+    /// mode, so a failed call, and the calls held off after one, decide as configured.
+    pub fn table(&self, config: TableConfig, seed: u64) -> CounterTable {
+        CounterTable::new(self.options.table_config(config), seed)
+    }
+
     /// The limits `request` is subject to under the rules.
     pub fn subjects(&self, request: &impl RequestView) -> Result<Vec<Subject>, RequestError> {
         let rules = self.rules.rules();
@@ -314,15 +332,18 @@ impl Pending {
         enforced: Option<Begin>,
         shadow: Option<Begin>,
     ) -> Self {
+        let fell_back = [&enforced, &shadow]
+            .iter()
+            .any(|b| matches!(b, Some(Begin::Fallback(_))));
         let group = |b: Option<Begin>| match b {
             None => Group::Empty,
-            Some(Begin::Decided(d)) => Group::Decided(d),
+            Some(Begin::Decided(d) | Begin::Fallback(d)) => Group::Decided(d),
             Some(Begin::Call(call)) => Group::Calling(call),
         };
         Self {
             subjects,
             groups: [group(enforced), group(shadow)],
-            origin_failed: false,
+            origin_failed: fell_back,
         }
     }
 
@@ -333,7 +354,6 @@ impl Pending {
         states: &mut S,
         g: usize,
         response: &DecideResponse,
-        mode: FailureMode,
         now_ms: u64,
         policy: &OriginPolicy,
     ) {
@@ -344,7 +364,7 @@ impl Pending {
             Ok(answers) => request::finish(states, call, &answers, now_ms),
             Err(_) => {
                 self.origin_failed = true;
-                request::fail(states, call, mode, now_ms, policy)
+                request::fail(states, call, now_ms, policy)
             }
         };
         self.settle(g, Ok::<_, core::convert::Infallible>(decided));
@@ -355,7 +375,6 @@ impl Pending {
         &mut self,
         states: &mut S,
         g: usize,
-        mode: FailureMode,
         now_ms: u64,
         policy: &OriginPolicy,
     ) {
@@ -363,7 +382,7 @@ impl Pending {
             return;
         };
         self.origin_failed = true;
-        let decided = request::fail(states, call, mode, now_ms, policy);
+        let decided = request::fail(states, call, now_ms, policy);
         self.settle(g, Ok::<_, core::convert::Infallible>(decided));
     }
 
@@ -389,13 +408,12 @@ impl Pending {
     }
 
     /// Merges the origin's answer to group `g`'s call; an answer that does not fit the call
-    /// counts as a failure (decided per `mode`).
+    /// counts as a failure (decided per the table's failure mode).
     pub fn answer(
         &mut self,
         table: &mut CounterTable,
         g: usize,
         response: &DecideResponse,
-        mode: FailureMode,
         now_ms: u64,
     ) {
         let Some(Group::Calling(call)) = self.groups.get(g) else {
@@ -405,19 +423,20 @@ impl Pending {
             Ok(answers) => table.finish(call, &answers, now_ms),
             Err(_) => {
                 self.origin_failed = true;
-                table.fail(call, mode, now_ms)
+                table.fail(call, now_ms)
             }
         };
         self.settle(g, decided);
     }
 
-    /// Group `g`'s call failed (unreachable, timed out, an error status): decided per `mode`.
-    pub fn fail(&mut self, table: &mut CounterTable, g: usize, mode: FailureMode, now_ms: u64) {
+    /// Group `g`'s call failed (unreachable, timed out, an error status): decided per the
+    /// table's failure mode.
+    pub fn fail(&mut self, table: &mut CounterTable, g: usize, now_ms: u64) {
         let Some(Group::Calling(call)) = self.groups.get(g) else {
             return;
         };
         self.origin_failed = true;
-        let decided = table.fail(call, mode, now_ms);
+        let decided = table.fail(call, now_ms);
         self.settle(g, decided);
     }
 

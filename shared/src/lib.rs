@@ -30,7 +30,7 @@
 //! A shell's request path, with the origin (`POST /v1/origin/decide`) answered by hand:
 //!
 //! ```
-//! use strata_core::request::{FailureMode, OriginCall};
+//! use strata_core::request::OriginCall;
 //! use strata_core::table::{LimitRequest, Step};
 //! use strata_core::wire::{DecideResponse, DecideResult};
 //! use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKeyRef};
@@ -43,8 +43,9 @@
 //! let now_ms = 1_700_000_000_000; // 20 s into its minute
 //!
 //! let decision = match table.check(key, 10, 1, now_ms) {
-//!     // A local denial, or a pass the lease covers: no round trip.
-//!     Step::Decided(d) => d,
+//!     // A local denial, or a pass the lease covers: no round trip. Or the origin failed
+//!     // moments ago: the failure mode (`TableConfig::origin`) decides, with no call.
+//!     Step::Decided(d) | Step::Fallback(d) => d,
 //!     // Cold, stale, strict, or the lease is used up: the origin decides, atomically.
 //!     Step::Origin(plan) => {
 //!         let call = OriginCall::single(limit, plan);
@@ -72,8 +73,9 @@
 //!         };
 //!         match call.answers(&response) {
 //!             Ok(answers) => table.finish(&call, &answers, now_ms)?.decisions[0],
-//!             // Unreachable or nonsense: not tried again for 300 ms; decide from memory.
-//!             Err(_) => table.fail(&call, FailureMode::Local, now_ms)?.decisions[0],
+//!             // Unreachable or nonsense: not tried again for 300 ms; the failure mode
+//!             // decides (`local` by default: from memory).
+//!             Err(_) => table.fail(&call, now_ms)?.decisions[0],
 //!         }
 //!     }
 //! };

@@ -75,16 +75,20 @@ pub enum Verdict {
     Local(Decision),
     /// The origin must decide.
     Origin(OriginPlan),
+    /// The origin must decide, but a call on this cell failed moments ago (within
+    /// [`OriginPolicy::read_retry_ms`]): no call now, the failure mode decides. The local
+    /// view's decision, for [`FailureMode::Local`](crate::policy::FailureMode::Local).
+    Unreachable(Decision),
 }
 
 impl WindowState {
     /// The decision order at `now_ms` (already rolled to): (1) the local view denies: deny
     /// locally, whatever the cells' state, so traffic over its limit costs no round trip;
-    /// (2) a recent origin failure: decide locally until the retry delay has passed (the
-    /// fallback); (3) cold, stale, or a lease too small: decide at the origin (while strict,
-    /// asking for no larger lease than the last), giving back the lease in use (the caller
-    /// stops using it: [`Self::begin_origin`]); (4) otherwise pass locally, from the lease:
-    /// whatever else happened, the origin reserved it for this process.
+    /// (2) cold, stale, or a lease too small: decide at the origin (while strict, asking for
+    /// no larger lease than the last), giving back the lease in use (the caller stops using
+    /// it: [`Self::begin_origin`]), unless a call failed moments ago: then the failure mode
+    /// decides, with no call, until the retry delay has passed; (3) otherwise pass locally,
+    /// from the lease: whatever else happened, the origin reserved it for this process.
     pub fn classify(
         &self,
         duration: WindowDuration,
@@ -95,7 +99,7 @@ impl WindowState {
         let local = self
             .check(duration, limit, cost)
             .decide_in(self.sequence, now_ms, 0);
-        if !local.success || now_ms < self.current.read_retry_at {
+        if !local.success {
             return Verdict::Local(local);
         }
         let reason = if !self.current.is_warm() {
@@ -111,6 +115,9 @@ impl WindowState {
         } else {
             return Verdict::Local(local);
         };
+        if now_ms < self.current.read_retry_at {
+            return Verdict::Unreachable(local);
+        }
         Verdict::Origin(OriginPlan {
             sequence: self.sequence,
             at_ms: now_ms,
@@ -306,6 +313,7 @@ mod tests {
         match s.classify(minute(), 10, 1, now) {
             Verdict::Origin(p) => p,
             Verdict::Local(d) => panic!("decided locally: {d:?}"),
+            Verdict::Unreachable(d) => panic!("held off after a failure: {d:?}"),
         }
     }
 
@@ -405,7 +413,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_call_decides_locally_until_the_retry_delay_then_asks_for_its_undo() {
+    fn a_failed_call_holds_calls_off_until_the_retry_delay_then_asks_for_its_undo() {
         let policy = OriginPolicy::default();
         let mut s = WindowState::new(minute(), T);
         let failed = OriginPlan {
@@ -413,9 +421,15 @@ mod tests {
             ..plan(&s, T)
         };
         s.fail_origin(&failed, T, &policy);
+        // Cold within the delay: no call, the failure mode decides (from this local view).
         assert!(matches!(
             s.classify(minute(), 10, 1, T + 299),
-            Verdict::Local(_)
+            Verdict::Unreachable(d) if d.success
+        ));
+        // A denial the local view proves needs no origin, delay or not.
+        assert!(matches!(
+            s.classify(minute(), 0, 1, T + 299),
+            Verdict::Local(d) if !d.success
         ));
         let next = plan(&s, T + 300);
         assert_eq!((next.reason, next.undo_from), (Reason::Cold, 4));

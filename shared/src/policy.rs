@@ -7,6 +7,33 @@ pub const DEFAULT_LEASE_MS: u64 = 5_000;
 /// How long a failed origin call holds off the next call for the same cell by default.
 pub const DEFAULT_READ_RETRY_MS: u64 = 300;
 
+/// What a request whose decision needs the origin gets when the origin gives no answer (the
+/// call failed, timed out or was refused, or a failure moments ago holds calls off: see
+/// [`OriginPolicy::read_retry_ms`]). One meaning in every shell. A denial the process's own
+/// counts prove, and a pass a lease granted before the outage covers, are decided from memory
+/// in every mode: they need no origin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Decide from local memory: the counts known so far plus this process's own passes.
+    #[default]
+    Local,
+    /// Let it through, counted locally.
+    Allow,
+    /// Deny it.
+    Deny,
+}
+
+impl FailureMode {
+    /// As configuration spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Local => "local",
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+        }
+    }
+}
+
 /// Region-wide origin settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OriginPolicy {
@@ -17,6 +44,8 @@ pub struct OriginPolicy {
     /// next call is tried (so a down origin costs one timeout per cell per interval, not one
     /// per request).
     pub read_retry_ms: u64,
+    /// What requests get while the origin gives no answer.
+    pub failure_mode: FailureMode,
 }
 
 impl Default for OriginPolicy {
@@ -24,6 +53,7 @@ impl Default for OriginPolicy {
         Self {
             lease_ms: DEFAULT_LEASE_MS,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
+            failure_mode: FailureMode::Local,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! begin(states, limits, now) ─┬─ Begin::Decided(decision)          no round trip
 //!                             └─ Begin::Call(call) ── shell sends call.to_wire(instance)
 //!                                    ├─ answer: call.answers(&response) → finish(…) → decision
-//!                                    └─ failure: fail(…, FailureMode) → decision
+//!                                    └─ failure: fail(…) → decision per the failure mode
+//!                             └─ Begin::Fallback(decision)         the origin failed moments ago
 //! ```
 //!
 //! A call owns everything it needs, so a driver can hold it across an await (a Worker), in a
@@ -76,19 +77,12 @@ pub enum Begin {
     Decided(MultiDecision),
     /// Make this call; nothing was counted yet.
     Call(OriginCall),
+    /// Decided by the failure mode without a call: the request needs the origin, and a call
+    /// on one of its cells failed within [`OriginPolicy::read_retry_ms`].
+    Fallback(MultiDecision),
 }
 
-/// What a request gets when the origin cannot be reached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Decide from local memory (the counts known so far plus this process's own passes).
-    #[default]
-    Local,
-    /// Let it through, counted locally.
-    Allow,
-    /// Deny it.
-    Deny,
-}
+pub use crate::policy::FailureMode;
 
 /// An origin answer that does not fit its call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,11 +199,18 @@ pub trait States {
 }
 
 /// Starts a request: decides it locally where that is safe (a denial by the local lower
-/// bound, or passes every lease covers), otherwise returns the one origin call that decides
-/// all its limits, all or nothing.
-pub fn begin<S: States>(states: &mut S, limits: &[LimitRequest<'_>], now_ms: u64) -> Begin {
+/// bound, or passes every lease covers), per `policy`'s failure mode where it needs an origin
+/// that failed moments ago, otherwise returns the one origin call that decides all its
+/// limits, all or nothing.
+pub fn begin<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    now_ms: u64,
+    policy: &OriginPolicy,
+) -> Begin {
     let mut plans = Vec::with_capacity(limits.len());
     let mut denied = false;
+    let mut unreachable = false;
     for (i, l) in limits.iter().enumerate() {
         let Some(state) = states.state(i) else {
             plans.push(None); // a shell without the state: decided with the others
@@ -224,7 +225,14 @@ pub fn begin<S: States>(states: &mut S, limits: &[LimitRequest<'_>], now_ms: u64
                 plans.push(None);
             }
             Verdict::Origin(plan) => plans.push(Some(plan)),
+            Verdict::Unreachable(_) => {
+                unreachable = true;
+                plans.push(None);
+            }
         }
+    }
+    if unreachable && !denied {
+        return Begin::Fallback(decide_failed(states, limits, policy.failure_mode, now_ms));
     }
     // A key named twice is charged twice, which one lease check per limit does not see.
     let repeated = (0..limits.len()).any(|i| (0..i).any(|j| states.same(i, j)));
@@ -343,11 +351,10 @@ pub fn finish<S: States>(
 }
 
 /// The origin could not decide `call`: no call is tried on its cells for the retry delay,
-/// and the request is decided per `mode`.
+/// and the request is decided per `policy`'s failure mode.
 pub fn fail<S: States>(
     states: &mut S,
     call: &OriginCall,
-    mode: FailureMode,
     now_ms: u64,
     policy: &OriginPolicy,
 ) -> MultiDecision {
@@ -357,8 +364,35 @@ pub fn fail<S: States>(
         }
     }
     let limits: Vec<LimitRequest<'_>> = call.limits.iter().map(CallLimit::request).collect();
+    decide_failed(states, &limits, policy.failure_mode, now_ms)
+}
+
+/// The decision `mode` (`Allow` or `Deny`) gives one limit the origin gave no answer for.
+pub(crate) fn failed_decision(
+    mode: FailureMode,
+    duration: crate::window::WindowDuration,
+    limit: u64,
+    now_ms: u64,
+) -> Decision {
+    let success = mode == FailureMode::Allow;
+    Decision {
+        success,
+        limit,
+        remaining: 0,
+        reset_ms: duration.reset(duration.sequence(now_ms)),
+        retry_after_ms: Some(if success { 0 } else { 1_000 }),
+    }
+}
+
+/// Decides a request the origin gave no answer for, per `mode`, and applies it.
+pub fn decide_failed<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    mode: FailureMode,
+    now_ms: u64,
+) -> MultiDecision {
     match mode {
-        FailureMode::Local => decide_locally(states, &limits, now_ms),
+        FailureMode::Local => decide_locally(states, limits, now_ms),
         FailureMode::Allow | FailureMode::Deny => {
             let success = mode == FailureMode::Allow;
             let decisions: Vec<Decision> = limits
@@ -366,13 +400,7 @@ pub fn fail<S: States>(
                 .enumerate()
                 .map(|(i, l)| {
                     let d = l.key.duration();
-                    let decision = Decision {
-                        success,
-                        limit: l.limit,
-                        remaining: 0,
-                        reset_ms: d.reset(d.sequence(now_ms)),
-                        retry_after_ms: Some(if success { 0 } else { 1_000 }),
-                    };
+                    let decision = failed_decision(mode, d, l.limit, now_ms);
                     if success {
                         if let Some(s) = states.state(i) {
                             s.settle(&decision, d, l.cost, now_ms);

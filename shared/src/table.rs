@@ -75,6 +75,9 @@ pub enum Step {
     /// Decide at the origin: send [`OriginCall::single`] and hand the answer to
     /// [`CounterTable::finish`], or a failure to [`CounterTable::fail`]. Nothing was counted.
     Origin(OriginPlan),
+    /// Decided and applied per the failure mode, with no call: the origin must decide, but a
+    /// call on the cell failed moments ago.
+    Fallback(Decision),
 }
 
 /// A multi-limit request larger than the table can hold at once.
@@ -200,6 +203,17 @@ impl CounterTable {
                 plan.call = slab.last_call;
                 Step::Origin(plan)
             }
+            Verdict::Unreachable(local) => {
+                let decision = match self.config.origin.failure_mode {
+                    FailureMode::Local => local,
+                    mode => request::failed_decision(mode, d, limit, now_ms),
+                };
+                // A failure-mode denial proves nothing about the counts: no strict mode.
+                if decision.success || self.config.origin.failure_mode == FailureMode::Local {
+                    state.apply(&decision, d, cost, now_ms);
+                }
+                Step::Fallback(decision)
+            }
         }
     }
 
@@ -223,7 +237,8 @@ impl CounterTable {
         now_ms: u64,
     ) -> Result<Begin, TooManyLimits> {
         let slots = self.slots_for(limits.iter().map(|l| l.key), now_ms)?;
-        let begun = request::begin(&mut self.pinned(&slots), limits, now_ms);
+        let policy = self.config.origin;
+        let begun = request::begin(&mut self.pinned(&slots), limits, now_ms, &policy);
         self.unpin(slots);
         Ok(begun)
     }
@@ -242,17 +257,13 @@ impl CounterTable {
         Ok(decided)
     }
 
-    /// The origin could not decide `call` (see [`request::fail`]).
-    pub fn fail(
-        &mut self,
-        call: &OriginCall,
-        mode: FailureMode,
-        now_ms: u64,
-    ) -> Result<MultiDecision, TooManyLimits> {
+    /// The origin could not decide `call` (see [`request::fail`]): decided per the table's
+    /// failure mode.
+    pub fn fail(&mut self, call: &OriginCall, now_ms: u64) -> Result<MultiDecision, TooManyLimits> {
         let keys = call.limits().iter().map(|l| l.key.as_ref());
         let slots = self.slots_for(keys, now_ms)?;
         let policy = self.config.origin;
-        let decided = request::fail(&mut self.pinned(&slots), call, mode, now_ms, &policy);
+        let decided = request::fail(&mut self.pinned(&slots), call, now_ms, &policy);
         self.unpin(slots);
         Ok(decided)
     }

@@ -14,7 +14,6 @@
 use proptest::prelude::*;
 use serde_json::Value;
 use strata_core::gate::Gate;
-use strata_core::request::FailureMode;
 use strata_core::rules::{ListRequest, RuleSet};
 use strata_core::table::{LimitRequest, Step};
 use strata_core::wire::{
@@ -233,7 +232,7 @@ fn rules_and_requests(rules: &Value, requests: &[ListRequest]) {
         };
         let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
         for g in groups {
-            pending.fail(&mut table, g, FailureMode::Local, now);
+            pending.fail(&mut table, g, now);
         }
         let reply = pending.reply(gate.options(), now);
         assert!(reply.status == 200 || reply.status == 429);
@@ -260,9 +259,7 @@ enum Op {
         regional: u64,
         seq_shift: i8,
     },
-    Fail {
-        mode: u8,
-    },
+    Fail,
     Multi {
         keys: Vec<u8>,
         limit: u64,
@@ -310,7 +307,7 @@ fn op() -> impl Strategy<Value = Op> {
                     seq_shift,
                 }
             ),
-        (0_u8..3).prop_map(|mode| Op::Fail { mode }),
+        Just(Op::Fail),
         (
             prop::collection::vec(0_u8..6, 1..5),
             count.clone(),
@@ -413,11 +410,9 @@ fn drive(ops: &[Op]) {
                     let _ = table.finish(&call, &answers, now);
                 }
             }
-            Op::Fail { mode } => {
+            Op::Fail => {
                 if let Some(call) = pending.take() {
-                    let mode = [FailureMode::Local, FailureMode::Allow, FailureMode::Deny]
-                        [usize::from(*mode) % 3];
-                    let _ = table.fail(&call, mode, now);
+                    let _ = table.fail(&call, now);
                 }
             }
             Op::Replay { regional } => {

@@ -225,6 +225,7 @@ proptest! {
                 }
             }
             Verdict::Origin(_) => prop_assert!(local.success, "a local denial went to the origin"),
+            Verdict::Unreachable(_) => prop_assert!(false, "no call failed, yet calls are held off"),
         }
     }
 }

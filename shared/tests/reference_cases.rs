@@ -9,7 +9,7 @@
 )] // test code: a panic is the failure report
 
 use strata_core::origin::Reason;
-use strata_core::request::{FailureMode, OriginCall};
+use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
 use strata_core::{
     CounterTable, Counts, LimitCheck, OriginAnswer, OriginPlan, PublishPolicy, TableConfig,
@@ -317,13 +317,14 @@ fn a_failed_origin_call_is_not_fresh() {
         },
         plan,
     );
-    let d = t.fail(&call, FailureMode::Local, T0).unwrap();
+    let d = t.fail(&call, T0).unwrap();
     assert!(d.success, "falls back to the local count");
     let state = t.get(k).unwrap();
     assert!(!state.current().is_fresh(T0) && !state.current().is_warm());
     assert_eq!(state.current().counts().regional, 1);
-    // Within the retry delay decisions stay local; after it the origin is tried again.
-    assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Decided(d) if d.success));
+    // Within the retry delay no call is made: the failure mode (`local`) decides from memory;
+    // after it the origin is tried again.
+    assert!(matches!(t.check(k, 10, 1, T0 + 299), Step::Fallback(d) if d.success));
     assert!(matches!(t.check(k, 10, 1, T0 + 300), Step::Origin(p) if p.reason == Reason::Cold));
     assert_eq!(t.get(k).unwrap().current().counts().regional, 2);
 }

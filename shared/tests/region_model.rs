@@ -193,7 +193,7 @@ impl Region {
         self.requests += 1;
         let (key, limit, cost) = (self.key.as_ref(), self.limit, 1);
         let decided = match self.procs[pid].table.check(key, limit, cost, now) {
-            Step::Decided(d) => Ok(d.success),
+            Step::Decided(d) | Step::Fallback(d) => Ok(d.success),
             Step::Origin(plan) => Err(OriginCall::single(LimitRequest { key, limit, cost }, plan)),
         };
         self.admitted += u64::from(decided == Ok(true));

@@ -136,7 +136,7 @@ fn run(gate: &Gate, table: &mut CounterTable, request: &Req, now: u64) -> (Pendi
     let mut pending = gate.start(table, request, now).unwrap();
     let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
     for g in groups {
-        pending.fail(table, g, FailureMode::Local, now);
+        pending.fail(table, g, now);
     }
     assert!(pending.is_done());
     let reply = pending.reply(gate.options(), now);
@@ -1090,15 +1090,23 @@ fn debug_says_when_the_origin_was_unreachable() {
 
 #[test]
 fn failure_modes_allow_and_deny() {
-    let g = gate(&[rule(json!([generic("x")]), json!({}))], "");
-    for (mode, allowed) in [(FailureMode::Allow, true), (FailureMode::Deny, false)] {
-        let mut t = table();
+    for (mode, allowed) in [("allow", true), ("deny", false)] {
+        let options = json!({"failure_mode": mode, "debug": true}).to_string();
+        let g = gate(&[rule(json!([generic("x")]), json!({}))], &options);
+        let mut t = g.table(TableConfig::default(), 7);
         let mut pending = g.start(&mut t, &get("/"), T0).unwrap();
-        pending.fail(&mut t, ENFORCED, mode, T0);
+        pending.fail(&mut t, ENFORCED, T0);
         assert!(pending.is_done());
         let reply = pending.reply(g.options(), T0);
         assert_eq!(reply.allowed, allowed);
         assert_eq!(reply.status, if allowed { 200 } else { 429 });
+        // Moments later the key still needs the origin, which failed: no call, the same
+        // answer, and it says the origin was unavailable.
+        let again = g.start(&mut t, &get("/"), T0 + 1).unwrap();
+        assert!(again.is_done(), "{mode}: no call within the retry delay");
+        let reply = again.reply(g.options(), T0 + 1);
+        assert_eq!((reply.allowed, mode), (allowed, mode));
+        assert_eq!(header(&reply, "strata-origin"), Some("unavailable"));
     }
 }
 

@@ -339,7 +339,7 @@ fn a_failed_origin_call_falls_back_to_local_memory_all_or_nothing() {
     let Begin::Call(call) = t.begin(&limits, T0).unwrap() else {
         panic!("both cold");
     };
-    let local = t.fail(&call, FailureMode::Local, T0).unwrap();
+    let local = t.fail(&call, T0).unwrap();
     assert!(local.success, "the local view has room");
     let Begin::Decided(again) = t.begin(&limits, T0 + 1).unwrap() else {
         panic!("within the retry delay, and a's local view denies");
@@ -350,11 +350,79 @@ fn a_failed_origin_call_falls_back_to_local_memory_all_or_nothing() {
         1,
         "b not charged"
     );
-    let Begin::Call(call) = t.begin(&limits[1..], T0 + 300).unwrap() else {
-        panic!("the retry delay passed");
+    assert!(
+        matches!(t.begin(&limits[1..], T0 + 300).unwrap(), Begin::Call(_)),
+        "the retry delay passed"
+    );
+}
+
+/// A table whose origin policy has failure mode `mode`.
+fn with_mode(mode: FailureMode) -> CounterTable {
+    let mut config = TableConfig::default();
+    config.origin.failure_mode = mode;
+    CounterTable::new(config, 1)
+}
+
+#[test]
+fn each_failure_mode_decides_a_failed_call_and_the_calls_held_off_after_it() {
+    for (mode, passes) in [
+        (FailureMode::Local, true),
+        (FailureMode::Allow, true),
+        (FailureMode::Deny, false),
+    ] {
+        let mut t = with_mode(mode);
+        let k = key("cold");
+        let limit = LimitRequest {
+            key: k,
+            limit: 10,
+            cost: 1,
+        };
+        let Begin::Call(call) = t.begin(&[limit], T0).unwrap() else {
+            panic!("cold");
+        };
+        assert_eq!(t.fail(&call, T0).unwrap().success, passes, "{mode:?}");
+        // Held off for the retry delay: no call, decided the same way, counted only if passed.
+        for i in 1..=3 {
+            let Begin::Fallback(d) = t.begin(&[limit], T0 + i).unwrap() else {
+                panic!("{mode:?}: a call within the retry delay");
+            };
+            assert_eq!(d.success, passes, "{mode:?}");
+            assert!(matches!(t.check(k, 10, 1, T0 + i), Step::Fallback(d) if d.success == passes));
+        }
+        let admitted = if passes { 7 } else { 0 };
+        assert_eq!(t.get(k).unwrap().current().own(), admitted, "{mode:?}");
+        // A denial the process's own count proves needs no origin: denied in every mode.
+        assert!(matches!(t.check(k, 0, 1, T0 + 5), Step::Decided(d) if !d.success));
+        assert!(matches!(
+            t.begin(&[limit], T0 + 300).unwrap(),
+            Begin::Call(_)
+        ));
+    }
+}
+
+#[test]
+fn in_deny_mode_a_lease_granted_before_the_outage_still_covers_what_it_covers() {
+    let mut t = with_mode(FailureMode::Deny);
+    let (warm_key, cold) = (key("warm"), key("cold"));
+    warm(&mut t, warm_key, 100, 2); // one pass at the origin, two more lent
+    let Step::Origin(plan) = t.check(cold, 100, 1, T0 + 1) else {
+        panic!("cold");
     };
-    assert!(!t.fail(&call, FailureMode::Deny, T0 + 300).unwrap().success);
-    assert!(t.fail(&call, FailureMode::Allow, T0 + 300).unwrap().success);
+    let request = LimitRequest {
+        key: cold,
+        limit: 100,
+        cost: 1,
+    };
+    assert!(
+        !t.fail(&OriginCall::single(request, plan), T0 + 1)
+            .unwrap()
+            .success
+    );
+    assert!(matches!(t.check(cold, 100, 1, T0 + 2), Step::Fallback(d) if !d.success));
+    // The lease covers two: passed from memory, outage or not; the third needs the origin.
+    assert!(matches!(t.check(warm_key, 100, 1, T0 + 3), Step::Decided(d) if d.success));
+    assert!(matches!(t.check(warm_key, 100, 1, T0 + 4), Step::Decided(d) if d.success));
+    assert!(matches!(t.check(warm_key, 100, 1, T0 + 5), Step::Origin(_)));
 }
 
 #[test]

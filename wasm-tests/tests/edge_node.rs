@@ -137,6 +137,12 @@ fn failure_modes_decide_when_the_gateway_cannot() {
         assert_eq!(reply.allowed, allowed, "{mode}");
         assert_eq!(reply.status, if allowed { 200 } else { 429 }, "{mode}");
         assert_eq!(header(&reply, "strata-origin"), Some("unavailable"));
+        // The same key moments later: no call (the origin failed within the retry delay),
+        // decided by the same mode.
+        let again = start(&mut e, "/api/a", "192.0.2.1");
+        assert!(e.call_body(&again, 0).is_none() && e.call_body(&again, 1).is_none());
+        assert!(again.origin_failed(), "{mode}");
+        assert_eq!(e.reply(&again, NOW).allowed, allowed, "{mode}");
     }
     // An error status or a body that is not a decision is a failure too.
     let mut e = edge(10, r#"{"failure_mode": "deny"}"#);

@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
-use common::stack::{Stack, burst, get, header, stack};
+use common::stack::{Stack, admitted, burst, get, header, stack};
 use common::upstream::port_of;
 use serde_json::{Value, json};
 
@@ -232,4 +232,28 @@ async fn an_invalid_configuration_is_refused_with_the_reason_logged() {
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("strata: invalid configuration"), "{log}");
     assert!(log.contains("rules[0].limit"), "{log}");
+}
+
+/// The failure-mode table (`common::conformance`, the same figures as the gateway's and
+/// workerd's) through Envoy whose gateway cluster points at a port nothing listens on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
+    let s = stack().await;
+    let closed = common::free_port();
+    for (mode, _) in common::conformance::TABLE {
+        let extra = json!({"failure_mode": mode, "timeout_ms": 250});
+        let config = configuration(&per_key(common::conformance::LIMIT), &extra);
+        let mut e = Envoy::start(&config, s.upstream.port(), Some(closed));
+        e.ready(&s.http).await;
+        let (http, base) = (unpooled(), e.base.clone());
+        common::conformance::check("envoy", mode, 250, move |key| {
+            let (http, base) = (http.clone(), base.clone());
+            async move { admitted(&http, &base, &key).await }
+        })
+        .await;
+        assert!(
+            e.stat(&s.http, "strata.decided.fallback").await > 0,
+            "{mode}"
+        );
+    }
 }

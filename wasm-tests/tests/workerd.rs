@@ -13,7 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::stack::{Stack, burst, get, header, now_ms, per_key_rules, stack};
+use common::stack::{Stack, admitted, burst, get, header, now_ms, per_key_rules, stack};
 use common::workerd::Workerd;
 use serde_json::{Value, json};
 
@@ -299,4 +299,28 @@ async fn binding_mode_answers_like_the_cloudflare_binding() {
     }
     let (status, _, _) = get(&s.http, &format!("{}/login?user=ben", edge.base), &[]).await;
     assert_eq!(status, 200, "another key has its own limit");
+}
+
+/// The failure-mode table (`common::conformance`, the same figures as the gateway's and
+/// Envoy's) through workerd whose gateway URL is a port nothing listens on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
+    let s = stack().await;
+    let closed = format!("http://127.0.0.1:{}", common::free_port());
+    let rules = per_key_rules(common::conformance::LIMIT);
+    for (mode, _) in common::conformance::TABLE {
+        let mut vars = edge_vars(&s, &rules);
+        vars.retain(|(k, _)| *k != "STRATA_GATEWAY_URL");
+        vars.push(("STRATA_GATEWAY_URL", &closed));
+        vars.push(("STRATA_FAILURE_MODE", mode));
+        vars.push(("STRATA_TIMEOUT_MS", "250"));
+        let mut edge = Workerd::proxy(&vars);
+        edge.ready().await;
+        let (http, base) = (s.http.clone(), edge.base.clone());
+        common::conformance::check("workerd", mode, 250, move |key| {
+            let (http, base) = (http.clone(), base.clone());
+            async move { admitted(&http, &base, &key).await }
+        })
+        .await;
+    }
 }

@@ -114,6 +114,10 @@ impl Limiter {
                     self.metrics.decision(Source::Local, d.success);
                     return d;
                 }
+                Step::Fallback(d) => {
+                    self.metrics.decision(Source::Fallback, d.success);
+                    return d;
+                }
                 Step::Origin(plan) => plan,
             };
             // The plan of a request that follows is dropped: the leader's call gives back

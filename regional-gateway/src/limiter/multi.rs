@@ -3,7 +3,7 @@
 
 use std::sync::MutexGuard;
 
-use strata_core::request::{self, Begin, FailureMode, OriginCall, States};
+use strata_core::request::{self, Begin, OriginCall, States};
 use strata_core::table::LimitRequest;
 use strata_core::{CounterTable, MultiDecision, WindowKeyRef, WindowState};
 
@@ -48,9 +48,15 @@ impl Limiter {
     /// lease covers its limit, otherwise all of them in one origin decision.
     pub async fn decide_all(&self, limits: &[LimitRequest<'_>]) -> MultiDecision {
         let now = self.clock.now_ms();
-        let begun = request::begin(&mut self.locked(keys(limits), now), limits, now);
+        let begun = request::begin(
+            &mut self.locked(keys(limits), now),
+            limits,
+            now,
+            self.local.policy(),
+        );
         let (multi, source) = match begun {
             Begin::Decided(multi) => (multi, Source::Local),
+            Begin::Fallback(multi) => (multi, Source::Fallback),
             // Boxed, as in `decide`: only a call to the origin pays for its future.
             Begin::Call(call) => Box::pin(self.decide_at_origin(&call)).await,
         };
@@ -72,15 +78,10 @@ impl Limiter {
                 request::finish(&mut locked, call, &answers, now),
                 Source::Origin,
             ),
-            Err(_) => {
-                let policy = locked
-                    .tables
-                    .first()
-                    .map(|t| t.config().origin)
-                    .unwrap_or_default();
-                let multi = request::fail(&mut locked, call, FailureMode::Local, now, &policy);
-                (multi, Source::Fallback)
-            }
+            Err(_) => (
+                request::fail(&mut locked, call, now, self.local.policy()),
+                Source::Fallback,
+            ),
         }
     }
 }

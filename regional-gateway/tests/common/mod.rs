@@ -22,6 +22,7 @@ use strata_gateway::clock::Clock;
 use strata_gateway::config::Settings;
 use tower::ServiceExt;
 
+pub mod conformance;
 pub mod mariadb;
 mod port;
 pub mod process;

@@ -11,6 +11,8 @@
 
 use std::path::PathBuf;
 
+#[path = "../../../regional-gateway/tests/common/conformance.rs"]
+pub mod conformance;
 pub mod envoy;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;

@@ -117,6 +117,17 @@ pub async fn get(
     (status, headers, r.text().await.unwrap())
 }
 
+/// One GET with `x-api-key: <key>`: whether it passed (200) or was limited (429); any other
+/// answer is the error.
+pub async fn admitted(http: &reqwest::Client, base: &str, key: &str) -> Result<bool, String> {
+    let (status, _, body) = get(http, base, &[("x-api-key", key)]).await;
+    match status {
+        200 => Ok(true),
+        429 => Ok(false),
+        other => Err(format!("{other} {body}")),
+    }
+}
+
 pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }

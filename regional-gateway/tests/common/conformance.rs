@@ -1,0 +1,71 @@
+//! The failure-mode conformance table: one table, one set of expected figures, run through
+//! every runtime (gateway processes, workerd, Envoy) by each runtime's own test, which only
+//! supplies how a request is sent. The origin is unreachable (the gateway's Redis, or the
+//! edges' gateway, on a port nothing listens on); a key of limit `LIMIT` gets `REQUESTS`
+//! requests one after another, and another key `REQUESTS` at once.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// The limit of the table's keys.
+pub const LIMIT: u64 = 5;
+/// Requests sent to each key.
+pub const REQUESTS: usize = 8;
+/// What each mode admits of `REQUESTS` on a cold key while the origin gives no answer: up to
+/// the limit by the process's own count (`local`); every one until the passes it counted prove
+/// the key over its limit (`allow`, so the same here); none (`deny`).
+pub const TABLE: [(&str, u64); 3] = [("local", 5), ("allow", 5), ("deny", 0)];
+
+/// Runs the table's row `mode`: `send(key)` sends one request on `key` and says whether it
+/// was admitted (or what went wrong). Every answer must come within `timeout_ms + 150`.
+pub async fn check<F, Fut>(runtime: &str, mode: &str, timeout_ms: u64, send: F)
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<bool, String>> + Send,
+{
+    let want = TABLE
+        .iter()
+        .find(|(m, _)| *m == mode)
+        .map(|(_, n)| *n)
+        .unwrap_or_else(|| panic!("no row {mode}"));
+    let bound = Duration::from_millis(timeout_ms + 150);
+    let tag = std::process::id();
+    let label = format!("{runtime} {mode}");
+    let one = |key: String| {
+        let (send, label) = (send.clone(), label.clone());
+        async move {
+            let started = Instant::now();
+            let admitted = send(key).await.unwrap_or_else(|e| panic!("{label}: {e}"));
+            (admitted, started.elapsed())
+        }
+    };
+    let mut sequential = 0;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..REQUESTS {
+        let (admitted, took) = one(format!("seq-{mode}-{tag}")).await;
+        sequential += u64::from(admitted);
+        slowest = slowest.max(took);
+    }
+    let at_once: Vec<_> = (0..REQUESTS)
+        .map(|_| tokio::spawn(one(format!("burst-{mode}-{tag}"))))
+        .collect();
+    let mut concurrent = 0;
+    for t in at_once {
+        let (admitted, took) = t.await.unwrap();
+        concurrent += u64::from(admitted);
+        slowest = slowest.max(took);
+    }
+    println!(
+        "conformance {runtime} {mode}: admitted {sequential} of {REQUESTS} one after another, \
+         {concurrent} of {REQUESTS} at once, slowest answer {slowest:?}"
+    );
+    assert_eq!(
+        (sequential, concurrent),
+        (want, want),
+        "{runtime} {mode}: admitted (one after another, at once)"
+    );
+    assert!(
+        slowest <= bound,
+        "{runtime} {mode}: an answer took {slowest:?}, over {bound:?}"
+    );
+}

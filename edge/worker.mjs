@@ -131,13 +131,15 @@ async function post(state, path, body) {
   }
 }
 
-// Makes group `g`'s origin call and hands the answer (or the failure) to the module.
+// Makes group `g`'s origin call and hands the answer (or the failure) to the module. The
+// call is listed in flight with its deadline, which requests that join it inherit.
 async function call(state, request, g) {
   const body = state.edge.call_body(request, g);
   if (body === undefined) return;
   const key = state.edge.call_key(request, g);
   let done;
-  state.inflight.set(key, new Promise((resolve) => (done = resolve)));
+  const settled = new Promise((resolve) => (done = resolve));
+  state.inflight.set(key, { settled, deadline: Date.now() + state.timeoutMs });
   try {
     const { status, text } = await post(state, "/v1/origin/decide", body);
     if (!state.edge.answer(request, g, status, text, Date.now())) {
@@ -147,26 +149,36 @@ async function call(state, request, g) {
     state.edge.fail(request, g, Date.now());
     log("warn", "gateway unreachable; decided by the failure mode", { error: String(e.message || e) });
   } finally {
-    state.inflight.delete(key);
+    if (state.inflight.get(key)?.settled === settled) state.inflight.delete(key);
     done();
   }
 }
 
 // Decides a request begun by `begin()`. A request whose call another request already has in
 // flight waits for that answer once, then begins again: the answer usually brings a lease
-// that decides it from memory.
+// that decides it from memory. It waits no longer than that call's deadline: past it, the
+// call it joined has failed, whether or not its failure was recorded yet, so its own calls
+// are failed too (decided by the failure mode) rather than made, which would wait again.
 async function decide(state, begin) {
   let request = begin();
-  const waits = [0, 1]
+  const joined = [0, 1]
     .map((g) => state.inflight.get(state.edge.call_key(request, g)))
     .filter(Boolean);
-  if (waits.length > 0) {
+  let expired = false;
+  if (joined.length > 0) {
     request.free();
-    // Bounded: the other request's context could end before its call does.
-    await Promise.race([Promise.all(waits), sleep(state.timeoutMs)]);
+    const deadline = Math.max(...joined.map((f) => f.deadline));
+    const answered = Promise.all(joined.map((f) => f.settled)).then(() => false);
+    const late = sleep(Math.max(0, deadline - Date.now())).then(() => true);
+    expired = await Promise.race([answered, late]);
     request = begin();
   }
   try {
+    if (expired) {
+      for (const g of [0, 1]) {
+        if (state.edge.call_body(request, g) !== undefined) state.edge.fail(request, g, Date.now());
+      }
+    }
     await Promise.all([call(state, request, 0), call(state, request, 1)]);
     return {
       reply: state.edge.reply(request, Date.now()),

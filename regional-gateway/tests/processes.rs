@@ -256,15 +256,20 @@ async fn quiet_keys_are_replayed_about_once_a_second_and_nothing_is_lost() {
 }
 
 /// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
-/// port nothing listens on: each mode as named, no answer slower than the origin timeout.
+/// port nothing listens on, or one that never answers: each mode as named, no answer slower
+/// than the origin timeout and a little.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
     let http = reqwest::Client::new();
-    let closed = format!("redis://127.0.0.1:{}", common::free_port());
-    for (mode, admitted) in common::conformance::TABLE {
+    let (outages, held) = common::conformance::outages().await;
+    for ((outage, port), (mode, admitted)) in outages
+        .iter()
+        .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
+    {
+        let url = format!("redis://127.0.0.1:{port}");
         let g = GatewayProcess::start(&[
             "--redis-url",
-            &closed,
+            &url,
             "--failure-mode",
             mode,
             "--origin-timeout",
@@ -281,7 +286,8 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let (client, base) = (http.clone(), g.base.clone());
-        common::conformance::check("gateway", mode, 250, move |key| {
+        let runtime = format!("gateway, Redis {outage:?}");
+        common::conformance::check(&runtime, mode, 250, move |key| {
             let (http, base) = (client.clone(), base.clone());
             async move {
                 let limit = json!({"namespace": "conformance", "identifier": key,
@@ -311,4 +317,5 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             "{mode}: the answers say the failure mode decided them ({fallback})"
         );
     }
+    held.abort();
 }

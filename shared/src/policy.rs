@@ -17,7 +17,8 @@ pub enum FailureMode {
     /// Decide from local memory: the counts known so far plus this process's own passes.
     #[default]
     Local,
-    /// Let it through, counted locally.
+    /// Let it through, counted locally, unless this process's own count proves a limit
+    /// exceeded at that moment: in effect the local view, as `Local`.
     Allow,
     /// Deny it.
     Deny,

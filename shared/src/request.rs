@@ -367,20 +367,18 @@ pub fn fail<S: States>(
     decide_failed(states, &limits, policy.failure_mode, now_ms)
 }
 
-/// The decision `mode` (`Allow` or `Deny`) gives one limit the origin gave no answer for.
-pub(crate) fn failed_decision(
-    mode: FailureMode,
+/// The denial `deny` gives one limit the origin gave no answer for.
+pub(crate) fn failed_denial(
     duration: crate::window::WindowDuration,
     limit: u64,
     now_ms: u64,
 ) -> Decision {
-    let success = mode == FailureMode::Allow;
     Decision {
-        success,
+        success: false,
         limit,
         remaining: 0,
         reset_ms: duration.reset(duration.sequence(now_ms)),
-        retry_after_ms: Some(if success { 0 } else { 1_000 }),
+        retry_after_ms: Some(1_000),
     }
 }
 
@@ -392,25 +390,16 @@ pub fn decide_failed<S: States>(
     now_ms: u64,
 ) -> MultiDecision {
     match mode {
-        FailureMode::Local => decide_locally(states, limits, now_ms),
-        FailureMode::Allow | FailureMode::Deny => {
-            let success = mode == FailureMode::Allow;
-            let decisions: Vec<Decision> = limits
+        // `allow` passes unless the process's own count, as it stands now (other requests may
+        // have passed while this one's call was out), proves a limit exceeded: the local view.
+        FailureMode::Local | FailureMode::Allow => decide_locally(states, limits, now_ms),
+        FailureMode::Deny => MultiDecision {
+            success: false,
+            decisions: limits
                 .iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    let d = l.key.duration();
-                    let decision = failed_decision(mode, d, l.limit, now_ms);
-                    if success {
-                        if let Some(s) = states.state(i) {
-                            s.settle(&decision, d, l.cost, now_ms);
-                        }
-                    }
-                    decision
-                })
-                .collect();
-            MultiDecision { success, decisions }
-        }
+                .map(|l| failed_denial(l.key.duration(), l.limit, now_ms))
+                .collect(),
+        },
     }
 }
 

@@ -204,12 +204,13 @@ impl CounterTable {
                 Step::Origin(plan)
             }
             Verdict::Unreachable(local) => {
-                let decision = match self.config.origin.failure_mode {
-                    FailureMode::Local => local,
-                    mode => request::failed_decision(mode, d, limit, now_ms),
+                let mode = self.config.origin.failure_mode;
+                let decision = match mode {
+                    FailureMode::Local | FailureMode::Allow => local,
+                    FailureMode::Deny => request::failed_denial(d, limit, now_ms),
                 };
                 // A failure-mode denial proves nothing about the counts: no strict mode.
-                if decision.success || self.config.origin.failure_mode == FailureMode::Local {
+                if mode != FailureMode::Deny {
                     state.apply(&decision, d, cost, now_ms);
                 }
                 Step::Fallback(decision)

@@ -235,18 +235,23 @@ async fn an_invalid_configuration_is_refused_with_the_reason_logged() {
 }
 
 /// The failure-mode table (`common::conformance`, the same figures as the gateway's and
-/// workerd's) through Envoy whose gateway cluster points at a port nothing listens on.
+/// workerd's) through Envoy whose gateway cluster points at a port nothing listens on, or at
+/// one that never answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
     let s = stack().await;
-    let closed = common::free_port();
-    for (mode, _) in common::conformance::TABLE {
+    let (outages, held) = common::conformance::outages().await;
+    for ((outage, port), (mode, _)) in outages
+        .iter()
+        .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
+    {
         let extra = json!({"failure_mode": mode, "timeout_ms": 250});
         let config = configuration(&per_key(common::conformance::LIMIT), &extra);
-        let mut e = Envoy::start(&config, s.upstream.port(), Some(closed));
+        let mut e = Envoy::start(&config, s.upstream.port(), Some(port));
         e.ready(&s.http).await;
         let (http, base) = (unpooled(), e.base.clone());
-        common::conformance::check("envoy", mode, 250, move |key| {
+        let runtime = format!("envoy, gateway {outage:?}");
+        common::conformance::check(&runtime, mode, 250, move |key| {
             let (http, base) = (http.clone(), base.clone());
             async move { admitted(&http, &base, &key).await }
         })
@@ -256,4 +261,5 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
             "{mode}"
         );
     }
+    held.abort();
 }

@@ -302,25 +302,32 @@ async fn binding_mode_answers_like_the_cloudflare_binding() {
 }
 
 /// The failure-mode table (`common::conformance`, the same figures as the gateway's and
-/// Envoy's) through workerd whose gateway URL is a port nothing listens on.
+/// Envoy's) through workerd whose gateway URL is a port nothing listens on, or one that never
+/// answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
     let s = stack().await;
-    let closed = format!("http://127.0.0.1:{}", common::free_port());
+    let (outages, held) = common::conformance::outages().await;
     let rules = per_key_rules(common::conformance::LIMIT);
-    for (mode, _) in common::conformance::TABLE {
+    for ((outage, port), (mode, _)) in outages
+        .iter()
+        .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
+    {
+        let url = format!("http://127.0.0.1:{port}");
         let mut vars = edge_vars(&s, &rules);
         vars.retain(|(k, _)| *k != "STRATA_GATEWAY_URL");
-        vars.push(("STRATA_GATEWAY_URL", &closed));
+        vars.push(("STRATA_GATEWAY_URL", &url));
         vars.push(("STRATA_FAILURE_MODE", mode));
         vars.push(("STRATA_TIMEOUT_MS", "250"));
         let mut edge = Workerd::proxy(&vars);
         edge.ready().await;
         let (http, base) = (s.http.clone(), edge.base.clone());
-        common::conformance::check("workerd", mode, 250, move |key| {
+        let runtime = format!("workerd, gateway {outage:?}");
+        common::conformance::check(&runtime, mode, 250, move |key| {
             let (http, base) = (http.clone(), base.clone());
             async move { admitted(&http, &base, &key).await }
         })
         .await;
     }
+    held.abort();
 }

@@ -103,6 +103,7 @@ impl Limiter {
     pub async fn decide(&self, limit: LimitRequest<'_>) -> Decision {
         let key = limit.key;
         let mut followed = false;
+        let mut outlived = false;
         loop {
             let now = self.clock.now_ms();
             let step = self
@@ -128,13 +129,22 @@ impl Limiter {
             let lead = match (followed, self.in_flight.turn(key)) {
                 (false, Turn::Follow(done)) => {
                     followed = true;
-                    let _ = Box::pin(tokio::time::timeout(self.origin.timeout(), done)).await;
+                    let waited = tokio::time::timeout(self.origin.timeout(), done);
+                    outlived = Box::pin(waited).await.is_err();
                     continue;
                 }
                 (_, Turn::Lead(lead)) => Some(lead),
                 (true, Turn::Follow(_)) => None,
             };
             let call = OriginCall::single(limit, plan);
+            if outlived && lead.is_none() {
+                // The call it waited for outlived the timeout and is still out: it failed,
+                // recorded or not yet. A call of its own would wait the timeout again.
+                let multi = self.fail_call(&call);
+                let d = only(&multi, &limit);
+                self.metrics.decision(Source::Fallback, d.success);
+                return d;
+            }
             let (multi, source) = Box::pin(self.decide_at_origin(&call)).await;
             drop(lead);
             let d = only(&multi, &limit);

@@ -84,4 +84,12 @@ impl Limiter {
             ),
         }
     }
+
+    /// Decides `call` as failed, without sending it, per the failure mode (the failure is
+    /// recorded on its cells).
+    pub(super) fn fail_call(&self, call: &OriginCall) -> MultiDecision {
+        let now = self.clock.now_ms();
+        let keys: Vec<WindowKeyRef<'_>> = call.limits().iter().map(|l| l.key.as_ref()).collect();
+        request::fail(&mut self.locked(keys, now), call, now, self.local.policy())
+    }
 }

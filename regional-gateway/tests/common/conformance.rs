@@ -1,11 +1,14 @@
 //! The failure-mode conformance table: one table, one set of expected figures, run through
 //! every runtime (gateway processes, workerd, Envoy) by each runtime's own test, which only
-//! supplies how a request is sent. The origin is unreachable (the gateway's Redis, or the
-//! edges' gateway, on a port nothing listens on); a key of limit `LIMIT` gets `REQUESTS`
-//! requests one after another, and another key `REQUESTS` at once.
+//! supplies how a request is sent. The origin gives no answer (the gateway's Redis, or the
+//! edges' gateway, on a port nothing listens on, or one that accepts and never answers); a
+//! key of limit `LIMIT` gets `REQUESTS` requests one after another, and another key
+//! `REQUESTS` at once.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
 
 /// The limit of the table's keys.
 pub const LIMIT: u64 = 5;
@@ -68,4 +71,28 @@ where
         slowest <= bound,
         "{runtime} {mode}: an answer took {slowest:?}, over {bound:?}"
     );
+}
+
+/// How the origin gives no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outage {
+    /// Nothing listens on its port: every call fails at once.
+    Closed,
+    /// It accepts connections and never answers: every call runs out its timeout.
+    Silent,
+}
+
+/// The table's outages: the origin's port for each, and what keeps the silent one open (drop
+/// it at the end).
+pub async fn outages() -> (Vec<(Outage, u16)>, tokio::task::JoinHandle<()>) {
+    let closed = super::free_port();
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket); // never read, never answered
+        }
+    });
+    (vec![(Outage::Closed, closed), (Outage::Silent, port)], held)
 }

@@ -43,16 +43,21 @@ struct Fake {
     /// doubles can hold the same map, like several VMs).
     shared: SharedData,
     random: Cell<u64>,
+    /// Host calls made, of every kind.
+    calls: Cell<u32>,
 }
 
 impl Host for Fake {
     fn now_ms(&self) -> u64 {
+        self.calls.set(self.calls.get() + 1);
         self.now.get()
     }
     fn log(&self, _: bool, message: &str) {
+        self.calls.set(self.calls.get() + 1);
         self.logs.borrow_mut().push(message.to_string());
     }
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.calls.set(self.calls.get() + 1);
         self.asked.borrow_mut().push(name.to_string());
         self.headers
             .borrow()
@@ -61,6 +66,7 @@ impl Host for Fake {
             .map(|(_, v)| v.clone())
     }
     fn peer_address(&self) -> Option<String> {
+        self.calls.set(self.calls.get() + 1);
         Some("192.0.2.7:51000".into())
     }
     fn dispatch(
@@ -70,6 +76,7 @@ impl Host for Fake {
         body: &[u8],
         _: Duration,
     ) -> Result<u32, String> {
+        self.calls.set(self.calls.get() + 1);
         if self.refuse_dispatch.get() {
             return Err("BadArgument".into());
         }
@@ -86,9 +93,11 @@ impl Host for Fake {
         Ok(self.next_token.get())
     }
     fn call_response(&self, _: usize) -> (u16, Vec<u8>) {
+        self.calls.set(self.calls.get() + 1);
         self.response.borrow().clone()
     }
     fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
+        self.calls.set(self.calls.get() + 1);
         let headers = headers
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -98,34 +107,42 @@ impl Host for Fake {
             .push((status, headers, String::from_utf8_lossy(body).into()));
     }
     fn resume(&self) {
+        self.calls.set(self.calls.get() + 1);
         self.resumed.set(self.resumed.get() + 1);
     }
     fn add_response_header(&self, name: &str, value: &str) {
+        self.calls.set(self.calls.get() + 1);
         self.added.borrow_mut().push((name.into(), value.into()));
     }
     fn set_context(&self, context_id: u32) -> bool {
+        self.calls.set(self.calls.get() + 1);
         self.context.set(context_id);
         true
     }
     fn define_counter(&self, name: &str) -> Option<u32> {
+        self.calls.set(self.calls.get() + 1);
         let mut c = self.counters.borrow_mut();
         c.push((name.to_string(), 0));
         u32::try_from(c.len() - 1).ok()
     }
     fn increment(&self, id: u32, by: i64) {
+        self.calls.set(self.calls.get() + 1);
         self.counters.borrow_mut()[id as usize].1 += by;
     }
     fn random_u64(&self) -> u64 {
+        self.calls.set(self.calls.get() + 1);
         self.random.set(self.random.get() + 1);
         self.random.get()
     }
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.calls.set(self.calls.get() + 1);
         match self.shared.borrow().get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
             None => (None, None),
         }
     }
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.calls.set(self.calls.get() + 1);
         let mut map = self.shared.borrow_mut();
         let token = match map.get(key) {
             Some((_, current)) if cas.is_some_and(|c| c != *current) => {
@@ -225,6 +242,25 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
     assert_eq!(host.dispatched.borrow().len(), 1);
     assert_eq!(host.counter("strata.decided.local"), 3);
     assert_eq!(host.counter("strata.ok"), 4);
+}
+
+#[test]
+fn a_warm_request_makes_a_handful_of_host_calls() {
+    let host = Fake::new();
+    let mut vm = vm(&host, "");
+    host.request("warm");
+    assert_eq!(vm.on_request(&host, 7), Verdict::Pause);
+    host.grant(100);
+    vm.on_call_response(&host, 1, 0);
+    vm.on_response(&host, 7);
+    host.calls.set(0);
+    assert_eq!(vm.on_request(&host, 8), Verdict::Continue);
+    vm.on_response(&host, 8);
+    let calls = host.calls.get();
+    println!("host calls of a warm request: {calls}");
+    // The clock, the one header the rule names, the shared slot read and written back, two
+    // counters, two response headers.
+    assert!(calls <= 8, "{calls} host calls");
 }
 
 #[test]

@@ -13,6 +13,7 @@
 
 use proptest::prelude::*;
 use serde_json::Value;
+use strata_core::FailureMode;
 use strata_core::gate::Gate;
 use strata_core::rules::{ListRequest, RuleSet};
 use strata_core::table::{LimitRequest, Step};
@@ -331,16 +332,15 @@ fn key(i: u8) -> WindowKeyRef<'static> {
     WindowKeyRef::new("ws", "api", IDS[usize::from(i) % IDS.len()], d).unwrap()
 }
 
-/// Runs `ops` on a small table (so eviction happens), answering origin calls as `Answer` ops
-/// say, with a clock that only moves forward.
-fn drive(ops: &[Op]) {
-    let mut table = CounterTable::new(
-        TableConfig {
-            capacity: 64,
-            ..TableConfig::default()
-        },
-        7,
-    );
+/// Runs `ops` on a small table (so eviction happens) whose failure mode is `mode`, answering
+/// origin calls as `Answer` ops say, with a clock that only moves forward.
+fn drive(ops: &[Op], mode: FailureMode) {
+    let mut config = TableConfig {
+        capacity: 64,
+        ..TableConfig::default()
+    };
+    config.origin.failure_mode = mode;
+    let mut table = CounterTable::new(config, 7);
     let mut now = 1_700_000_000_000_u64;
     let mut pending: Option<OriginCall> = None;
     for op in ops {
@@ -462,8 +462,11 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_operations_never_panic_the_decision_api(ops in prop::collection::vec(op(), 1..60)) {
-        drive(&ops);
+    fn arbitrary_operations_never_panic_the_decision_api(
+        ops in prop::collection::vec(op(), 1..60),
+        mode in prop::sample::select(vec![FailureMode::Local, FailureMode::Allow, FailureMode::Deny]),
+    ) {
+        drive(&ops, mode);
     }
 
     #[test]

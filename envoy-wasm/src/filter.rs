@@ -145,10 +145,10 @@ impl Vm {
     /// stays contended (the VM's table takes the request then).
     fn begin_shared(&self, host: &impl Host, limit: &LimitRequest<'_>, now: u64) -> Option<Begin> {
         let (slots, _) = self.slots.as_ref()?;
+        let policy = self.table.config().origin;
         for _ in 0..CAS_TRIES {
             let mut loaded = slots.load(host, limit.key, now)?;
             let mut one = One::new(loaded.state, host);
-            let policy = self.table.config().origin;
             let begun = request::begin(&mut one, std::slice::from_ref(limit), now, &policy);
             loaded.state = one.state;
             match Slots::store(host, &loaded, limit.key) {

@@ -27,7 +27,7 @@ pub const DEFAULT_FRESH_FOR: Duration =
 pub const DEFAULT_READ_RETRY: Duration =
     Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS);
 /// Default failure mode: decide from local memory.
-pub const DEFAULT_FAILURE_MODE: &str = "local";
+pub const DEFAULT_FAILURE_MODE: &str = FailureMode::Local.as_str();
 /// Default bound on one origin call (read, replay, ping).
 pub const DEFAULT_ORIGIN_TIMEOUT: Duration = Duration::from_millis(300);
 /// Default pause between replay passes (a pass sends every waiting cell, in batches).
@@ -549,17 +549,11 @@ impl Settings {
                 None => d.table_capacity,
             },
             legacy_headers: layer.legacy_headers.unwrap_or(d.legacy_headers),
-            failure_mode: match layer.failure_mode.as_deref().map(str::trim) {
+            failure_mode: match layer.failure_mode {
                 None => d.failure_mode,
-                Some("local") => FailureMode::Local,
-                Some("allow") => FailureMode::Allow,
-                Some("deny") => FailureMode::Deny,
-                Some(other) => {
-                    return Err(err(
-                        "--failure-mode",
-                        format_args!("{other:?} is not one of local, allow, deny"),
-                    ));
-                }
+                Some(text) => text
+                    .parse()
+                    .map_err(|e| err("--failure-mode", format_args!("{text:?} is {e}")))?,
             },
             listen,
             region,

@@ -35,7 +35,7 @@ pub struct GateOptions {
     /// What a request whose decision needs the origin gets when the origin gives no answer:
     /// `local` (decide from memory), `allow` or `deny` ([`FailureMode`]). It takes effect
     /// through the table: make it with [`Gate::table`].
-    pub failure_mode: FailureModeName,
+    pub failure_mode: FailureMode,
     /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
     pub legacy_headers: bool,
     /// Send the rate-limit headers on passed requests too (always on denials).
@@ -47,7 +47,7 @@ pub struct GateOptions {
 impl Default for GateOptions {
     fn default() -> Self {
         Self {
-            failure_mode: FailureModeName::Local,
+            failure_mode: FailureMode::Local,
             legacy_headers: false,
             headers_on_pass: true,
             debug: false,
@@ -55,41 +55,7 @@ impl Default for GateOptions {
     }
 }
 
-/// [`FailureMode`] as configuration spells it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureModeName {
-    /// Decide from local memory.
-    #[default]
-    Local,
-    /// Let requests through.
-    Allow,
-    /// Deny requests.
-    Deny,
-}
-
-impl From<FailureModeName> for FailureMode {
-    fn from(name: FailureModeName) -> Self {
-        match name {
-            FailureModeName::Local => FailureMode::Local,
-            FailureModeName::Allow => FailureMode::Allow,
-            FailureModeName::Deny => FailureMode::Deny,
-        }
-    }
-}
-
 impl GateOptions {
-    /// `config` with these options' failure mode: the table a gate with them decides on.
-    pub fn table_config(&self, config: TableConfig) -> TableConfig {
-        TableConfig {
-            origin: OriginPolicy {
-                failure_mode: self.failure_mode.into(),
-                ..config.origin
-            },
-            ..config
-        }
-    }
-
     /// Parses the options JSON; errors name the field.
     pub fn from_json(json: &str) -> Result<Self, RuleError> {
         let mut de = serde_json::Deserializer::from_str(json);
@@ -227,8 +193,9 @@ impl Gate {
 
     /// The table this gate's requests are decided on: `config` with the options' failure
     /// mode, so a failed call, and the calls held off after one, decide as configured.
-    pub fn table(&self, config: TableConfig, seed: u64) -> CounterTable {
-        CounterTable::new(self.options.table_config(config), seed)
+    pub fn table(&self, mut config: TableConfig, seed: u64) -> CounterTable {
+        config.origin.failure_mode = self.options.failure_mode;
+        CounterTable::new(config, seed)
     }
 
     /// The limits `request` is subject to under the rules.

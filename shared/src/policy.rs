@@ -2,6 +2,8 @@
 //! the window state, the lease rules and the request path all read (kept apart so none of
 //! them imports another for it).
 
+use serde::{Deserialize, Serialize};
+
 /// How long a lease may be used by default (the origin's `--fresh-for`).
 pub const DEFAULT_LEASE_MS: u64 = 5_000;
 /// How long a failed origin call holds off the next call for the same cell by default.
@@ -12,7 +14,8 @@ pub const DEFAULT_READ_RETRY_MS: u64 = 300;
 /// [`OriginPolicy::read_retry_ms`]). One meaning in every shell. A denial the process's own
 /// counts prove, and a pass a lease granted before the outage covers, are decided from memory
 /// in every mode: they need no origin.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FailureMode {
     /// Decide from local memory: the counts known so far plus this process's own passes.
     #[default]
@@ -25,13 +28,43 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// As configuration spells it.
+    /// Every mode, in the order configuration lists them.
+    pub const ALL: [FailureMode; 3] = [FailureMode::Local, FailureMode::Allow, FailureMode::Deny];
+
+    /// As configuration spells it (serde's spelling too).
     pub const fn as_str(self) -> &'static str {
         match self {
             FailureMode::Local => "local",
             FailureMode::Allow => "allow",
             FailureMode::Deny => "deny",
         }
+    }
+
+    /// Whether the mode decides from memory (`local`, and `allow`, which passes unless the
+    /// process's own count proves a limit exceeded); `deny` denies instead.
+    pub const fn from_memory(self) -> bool {
+        !matches!(self, FailureMode::Deny)
+    }
+}
+
+/// A word that names no failure mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownFailureMode;
+
+impl core::fmt::Display for UnknownFailureMode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("not one of local, allow, deny")
+    }
+}
+
+impl core::str::FromStr for FailureMode {
+    type Err = UnknownFailureMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s.trim())
+            .ok_or(UnknownFailureMode)
     }
 }
 

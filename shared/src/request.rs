@@ -389,17 +389,17 @@ pub fn decide_failed<S: States>(
     mode: FailureMode,
     now_ms: u64,
 ) -> MultiDecision {
-    match mode {
-        // `allow` passes unless the process's own count, as it stands now (other requests may
-        // have passed while this one's call was out), proves a limit exceeded: the local view.
-        FailureMode::Local | FailureMode::Allow => decide_locally(states, limits, now_ms),
-        FailureMode::Deny => MultiDecision {
-            success: false,
-            decisions: limits
-                .iter()
-                .map(|l| failed_denial(l.key.duration(), l.limit, now_ms))
-                .collect(),
-        },
+    // `allow` passes unless the process's own count, as it stands now (other requests may
+    // have passed while this one's call was out), proves a limit exceeded: the local view.
+    if mode.from_memory() {
+        return decide_locally(states, limits, now_ms);
+    }
+    MultiDecision {
+        success: false,
+        decisions: limits
+            .iter()
+            .map(|l| failed_denial(l.key.duration(), l.limit, now_ms))
+            .collect(),
     }
 }
 

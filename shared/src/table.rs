@@ -14,7 +14,7 @@ use crate::decision::{Counts, Decision, MultiDecision};
 use crate::gcounter::{FlushRow, PublishPolicy, sort_flush_rows};
 use crate::identity::WindowKeyRef;
 use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Verdict};
-use crate::request::{self, Begin, FailureMode, OriginCall, States};
+use crate::request::{self, Begin, OriginCall, States};
 use crate::slab::Slab;
 pub use crate::slab::TableStats;
 
@@ -204,16 +204,13 @@ impl CounterTable {
                 Step::Origin(plan)
             }
             Verdict::Unreachable(local) => {
-                let mode = self.config.origin.failure_mode;
-                let decision = match mode {
-                    FailureMode::Local | FailureMode::Allow => local,
-                    FailureMode::Deny => request::failed_denial(d, limit, now_ms),
-                };
-                // A failure-mode denial proves nothing about the counts: no strict mode.
-                if mode != FailureMode::Deny {
-                    state.apply(&decision, d, cost, now_ms);
+                // A failure-mode denial proves nothing about the counts: applied only from
+                // memory (no strict mode).
+                if !self.config.origin.failure_mode.from_memory() {
+                    return Step::Fallback(request::failed_denial(d, limit, now_ms));
                 }
-                Step::Fallback(decision)
+                state.apply(&local, d, cost, now_ms);
+                Step::Fallback(local)
             }
         }
     }

@@ -12,9 +12,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use strata_core::gate::{
-    ENFORCED, FailureModeName, Gate, GateError, GateOptions, Pending, Reply, SHADOW,
-};
+use strata_core::gate::{ENFORCED, Gate, GateError, GateOptions, Pending, Reply, SHADOW};
 use strata_core::rules::{
     Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet, client_address,
     parse_duration_ms,
@@ -925,8 +923,7 @@ fn at_most_32_rules() {
 #[test]
 fn gate_options_parse_and_name_their_fields() {
     let o = GateOptions::from_json(r#"{"failure_mode":"deny","legacy_headers":true}"#).unwrap();
-    assert_eq!(o.failure_mode, FailureModeName::Deny);
-    assert_eq!(FailureMode::from(o.failure_mode), FailureMode::Deny);
+    assert_eq!(o.failure_mode, FailureMode::Deny);
     assert!(o.legacy_headers);
     assert!(o.headers_on_pass, "headers on passes by default");
     assert!(!o.debug);
@@ -934,7 +931,7 @@ fn gate_options_parse_and_name_their_fields() {
         GateOptions::from_json("{}").unwrap(),
         GateOptions::default()
     );
-    assert_eq!(GateOptions::default().failure_mode, FailureModeName::Local);
+    assert_eq!(GateOptions::default().failure_mode, FailureMode::Local);
 
     let unknown = GateOptions::from_json(r#"{"failure_mode":"allow","verbose":true}"#).unwrap_err();
     assert!(unknown.to_string().contains("verbose"), "{unknown}");

@@ -69,27 +69,31 @@ impl Limiter {
     /// Decides `call` at the origin and merges the answers into the shards of its limits, or,
     /// if the origin cannot decide, decides them per the failure mode.
     pub(super) async fn decide_at_origin(&self, call: &OriginCall) -> (MultiDecision, Source) {
-        let answers = self.ask_origin(call).await;
+        let Ok(answers) = self.ask_origin(call).await else {
+            return (self.fail_call(call), Source::Fallback);
+        };
         let now = self.clock.now_ms();
-        let keys: Vec<WindowKeyRef<'_>> = call.limits().iter().map(|l| l.key.as_ref()).collect();
-        let mut locked = self.locked(keys, now);
-        match answers {
-            Ok(answers) => (
-                request::finish(&mut locked, call, &answers, now),
-                Source::Origin,
-            ),
-            Err(_) => (
-                request::fail(&mut locked, call, now, self.local.policy()),
-                Source::Fallback,
-            ),
-        }
+        let mut locked = self.locked(call_keys(call), now);
+        (
+            request::finish(&mut locked, call, &answers, now),
+            Source::Origin,
+        )
     }
 
     /// Decides `call` as failed, without sending it, per the failure mode (the failure is
     /// recorded on its cells).
     pub(super) fn fail_call(&self, call: &OriginCall) -> MultiDecision {
         let now = self.clock.now_ms();
-        let keys: Vec<WindowKeyRef<'_>> = call.limits().iter().map(|l| l.key.as_ref()).collect();
-        request::fail(&mut self.locked(keys, now), call, now, self.local.policy())
+        request::fail(
+            &mut self.locked(call_keys(call), now),
+            call,
+            now,
+            self.local.policy(),
+        )
     }
+}
+
+/// The keys of `call`'s limits, in order.
+fn call_keys(call: &OriginCall) -> Vec<WindowKeyRef<'_>> {
+    call.limits().iter().map(|l| l.key.as_ref()).collect()
 }

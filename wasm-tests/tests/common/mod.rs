@@ -14,6 +14,7 @@ use std::path::PathBuf;
 #[path = "../../../regional-gateway/tests/common/conformance.rs"]
 pub mod conformance;
 pub mod envoy;
+pub mod hostile;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]

@@ -222,6 +222,16 @@ function replaySoon(state, ctx) {
   );
 }
 
+// The upstream URL of a pass: the upstream's origin with the request's path and query. The
+// path is set, never resolved against the upstream: a client's `//other.host/` (or `/\other`,
+// which URL parsing turns into it) would otherwise name another host to fetch.
+function upstreamUrl(upstream, url) {
+  const target = new URL(upstream);
+  target.pathname = url.pathname;
+  target.search = url.search;
+  return target;
+}
+
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
@@ -263,7 +273,7 @@ async function proxy(request, env, ctx) {
     return response;
   }
   const url = new URL(request.url);
-  const target = state.upstream ? new URL(url.pathname + url.search, state.upstream) : url;
+  const target = state.upstream ? upstreamUrl(state.upstream, url) : url;
   let upstream;
   try {
     upstream = await fetch(new Request(target, request));

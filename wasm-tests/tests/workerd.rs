@@ -13,6 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::hostile;
 use common::stack::{Stack, admitted, burst, get, header, now_ms, per_key_rules, stack};
 use common::workerd::Workerd;
 use serde_json::{Value, json};
@@ -330,4 +331,54 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
         .await;
     }
     held.abort();
+}
+
+/// The edge in workerd against a hostile client (`common::hostile`, the same requests and
+/// rules as the Envoy filter's fuzz test): no 5xx, every connection answered, and a normal
+/// client right after each batch limited exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_headers_methods_and_paths_never_break_the_edge() {
+    let (requests, seed) = hostile::run_settings();
+    let s = stack().await;
+    let rules = json!({ "rules": hostile::rules() }).to_string();
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    let tally = hostile::run(&edge.base, requests, seed, || edge.log()).await;
+    println!(
+        "fuzz (workerd): statuses {:?}, closed without an answer {}",
+        tally.statuses, tally.unanswered
+    );
+    assert_eq!(tally.unanswered, 0, "connections closed without an answer");
+    assert!(
+        tally.count("400 filter") > 0,
+        "the edge refused no bad cost header or overlong key: the rules were not read"
+    );
+    assert!(
+        tally.count("200 upstream") * 4 >= requests as u64,
+        "too few fuzz requests reached the upstream: the run tests workerd's codec, not the edge"
+    );
+}
+
+/// A pass goes to the configured upstream whatever its path: `//host/…` and `/\host/…` (which
+/// URL parsing makes `//host/…`) once named another host for the edge to fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_cannot_name_another_host_to_forward_to() {
+    let s = stack().await;
+    let rules = per_key_rules(5);
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    let addr = edge.base.trim_start_matches("http://").to_string();
+    for (i, path) in ["//elsewhere.invalid/x", "/\\elsewhere.invalid/x"]
+        .iter()
+        .enumerate()
+    {
+        let raw = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let (status, _) = hostile::send_raw(&addr, raw.as_bytes()).await;
+        assert_eq!(status, Some(200), "{path}\n{}", edge.log());
+        assert_eq!(
+            s.upstream.hits(),
+            i as u64 + 1,
+            "{path} reached the upstream"
+        );
+    }
 }

@@ -12,6 +12,10 @@
 //   STRATA_RULES         the rules, JSON: {"rules": [...]} (proxy mode)
 //   STRATA_UPSTREAM      where passes go (default: the request's own URL)
 //   STRATA_FAILURE_MODE  local | allow | deny: when the gateway is unreachable (default local)
+//   STRATA_CLIENT_ADDRESS  where remote_address finds the client: peer (workerd's own view of
+//     the connection, request.cf.clientIp; the default), cf-connecting-ip (on Cloudflare),
+//     x-forwarded-for (with STRATA_XFF_NUM_TRUSTED_HOPS), another header a proxy sets, or none
+//   STRATA_XFF_NUM_TRUSTED_HOPS  trusted proxies before the one that connects (default 0)
 //   STRATA_TIMEOUT_MS    bound on one gateway call (default 250)
 //   STRATA_REPLAY_DELAY_MS  how long accepted cost gathers before one replay (default 50)
 //   STRATA_LEGACY_HEADERS, STRATA_HEADERS_ON_PASS, STRATA_DEBUG   true | false
@@ -57,7 +61,8 @@ function stateFor(env, rules) {
   const key = JSON.stringify([
     env.STRATA_GATEWAY_URL, env.STRATA_TOKEN, env.STRATA_REGION, rules, env.STRATA_FAILURE_MODE,
     env.STRATA_TIMEOUT_MS, env.STRATA_REPLAY_DELAY_MS, env.STRATA_LEGACY_HEADERS,
-    env.STRATA_HEADERS_ON_PASS, env.STRATA_DEBUG, env.STRATA_UPSTREAM,
+    env.STRATA_HEADERS_ON_PASS, env.STRATA_DEBUG, env.STRATA_UPSTREAM, env.STRATA_CLIENT_ADDRESS,
+    env.STRATA_XFF_NUM_TRUSTED_HOPS,
   ]);
   if (isolate.key === key) return isolate.state;
   let state;
@@ -78,6 +83,11 @@ function stateFor(env, rules) {
       legacy_headers: flag(env, "STRATA_LEGACY_HEADERS", false),
       headers_on_pass: flag(env, "STRATA_HEADERS_ON_PASS", true),
       debug: flag(env, "STRATA_DEBUG", false),
+      client_address: env.STRATA_CLIENT_ADDRESS || "peer",
+      // Digits become a number; anything else is passed on for the module to refuse by name.
+      xff_num_trusted_hops: /^[0-9]{1,9}$/.test(env.STRATA_XFF_NUM_TRUSTED_HOPS ?? "")
+        ? Number(env.STRATA_XFF_NUM_TRUSTED_HOPS)
+        : env.STRATA_XFF_NUM_TRUSTED_HOPS || 0,
     });
     const edge = new Edge(rules, options, env.STRATA_REGION || "edge");
     state = {
@@ -232,6 +242,13 @@ function upstreamUrl(upstream, url) {
   return target;
 }
 
+// The address workerd accepted the connection from ("ip:port"), the `peer` source; the
+// module drops the port. Cloudflare's runtime gives none (use cf-connecting-ip there).
+function peerOf(request) {
+  const ip = request.cf?.clientIp;
+  return typeof ip === "string" ? ip : undefined;
+}
+
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
@@ -258,12 +275,13 @@ async function proxy(request, env, ctx) {
   let decided;
   try {
     decided = await decide(state, () =>
-      state.edge.start(request.method, request.url, headerText(request.headers), undefined, Date.now()),
+      state.edge.start(request.method, request.url, headerText(request.headers), peerOf(request), Date.now()),
     );
   } catch (e) {
     return errorResponse(400, "invalid_request", String(e.message || e));
   }
   const { reply, originFailed } = decided;
+  if (reply.notice) log("warn", reply.notice);
   replaySoon(state, ctx);
   if (reply.shadow_denied) log("info", "shadow rule would deny", { rules: reply.shadow_denied });
   if (!reply.allowed) {

@@ -27,6 +27,8 @@ const edge :Workerd.Worker = (
     (name = "STRATA_UPSTREAM", text = "http://127.0.0.1:8080"),
     (name = "STRATA_REGION", text = "local"),
     (name = "STRATA_FAILURE_MODE", text = "local"),
+    # Clients reach this workerd directly: remote_address rules count the connection's address.
+    (name = "STRATA_CLIENT_ADDRESS", text = "peer"),
     (name = "STRATA_RULES", text = "{\"rules\": [{\"name\": \"per-key\", \"namespace\": \"edge-demo\", \"limit\": 5, \"duration\": \"1h\", \"actions\": [{\"request_headers\": {\"header_name\": \"x-api-key\", \"descriptor_key\": \"key\"}}]}]}"),
   ],
 );

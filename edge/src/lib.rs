@@ -11,6 +11,7 @@
 mod view;
 
 use strata_core::gate::{Gate, Pending, Subject};
+use strata_core::identity::identifier_for;
 use strata_core::replay::ReplayBatch;
 use strata_core::wire::{CellsResponse, DecideResponse};
 use strata_core::{CounterTable, TableConfig, WindowDuration};
@@ -31,6 +32,8 @@ struct Stats {
     origin_failures: u64,
     replays: u64,
     replay_failures: u64,
+    /// Requests a `remote_address` rule did not apply to: no trusted client address.
+    unaddressed: u64,
 }
 
 /// One isolate's limiter: rules, options, table, instance id.
@@ -70,6 +73,9 @@ pub struct EdgeReply {
     pub remaining: f64,
     /// When its window ends (Unix ms).
     pub reset: f64,
+    /// A warning to log, once per isolate (empty otherwise): the first request a
+    /// `remote_address` rule could not apply to for want of a trusted client address.
+    pub notice: String,
 }
 
 #[wasm_bindgen]
@@ -190,7 +196,7 @@ impl Edge {
         let subject = Subject {
             name: namespace.to_string(),
             namespace: namespace.to_string(),
-            identifier: key.to_string(),
+            identifier: identifier_for(key.to_string()),
             limit: count(limit, "limit")?,
             duration,
             cost: count(cost, "cost")?,
@@ -259,8 +265,20 @@ impl Edge {
     }
 
     /// The reply, once every call is answered or failed.
-    pub fn reply(&self, request: &EdgeRequest, now_ms: f64) -> EdgeReply {
+    pub fn reply(&mut self, request: &EdgeRequest, now_ms: f64) -> EdgeReply {
         let reply = request.pending.reply(self.gate.options(), whole(now_ms));
+        let mut notice = String::new();
+        if request.pending.unaddressed {
+            if self.stats.unaddressed == 0 {
+                notice = format!(
+                    "a remote_address rule did not apply: no client address from \
+                     client_address {:?} (STRATA_CLIENT_ADDRESS); counted in \
+                     requests_unaddressed, logged once",
+                    self.gate.rules().client_address().name()
+                );
+            }
+            self.stats.unaddressed += 1;
+        }
         let first = request
             .pending
             .decision(strata_core::gate::ENFORCED)
@@ -280,6 +298,7 @@ impl Edge {
             limit: js_number(first.map_or(0, |d| d.limit)),
             remaining: js_number(first.map_or(0, |d| d.remaining)),
             reset: js_number(first.map_or(0, |d| d.reset_ms)),
+            notice,
         }
     }
 
@@ -320,6 +339,7 @@ impl Edge {
             "origin_failures": s.origin_failures,
             "replays": s.replays,
             "replay_failures": s.replay_failures,
+            "requests_unaddressed": s.unaddressed,
             "entries": self.table.len(),
             "unreplayed_cells": self.table.unreplayed_cells(),
         })

@@ -34,7 +34,8 @@ struct Raw {
     shared_slots: u64,
     /// The rules, as `{"rules": [...]}` takes them.
     rules: serde_json::Value,
-    /// The rest: `GateOptions` (failure_mode, legacy_headers, headers_on_pass, debug).
+    /// The rest: `GateOptions` (failure_mode, legacy_headers, headers_on_pass, debug,
+    /// client_address, xff_num_trusted_hops).
     #[serde(flatten)]
     options: serde_json::Map<String, serde_json::Value>,
 }

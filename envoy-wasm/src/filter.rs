@@ -75,6 +75,9 @@ pub struct Vm {
     replay: Option<Replay>,
     replay_shared: Option<Replay>,
     next_replay_ms: u64,
+    /// Whether this VM has logged a request without a trusted client address (once per VM;
+    /// the `unaddressed` counter has them all).
+    warned_unaddressed: bool,
 }
 
 /// The request as the rules read it: only the parts and headers they name (`reads`), one
@@ -128,6 +131,7 @@ impl Vm {
             replay: None,
             replay_shared: None,
             next_replay_ms: 0,
+            warned_unaddressed: false,
             reads: config.gate.rules().reads(),
             config,
         }
@@ -330,6 +334,10 @@ impl Vm {
             .gate
             .subjects(request)
             .map_err(|e| e.to_string())?;
+        if subjects.unaddressed {
+            self.unaddressed(host);
+        }
+        let subjects = subjects.limits;
         let mut begun: [Option<Begin>; 2] = [None, None];
         let mut shared = [false; 2];
         for (g, shadow) in [(ENFORCED, false), (SHADOW, true)] {
@@ -358,6 +366,23 @@ impl Vm {
             }
         }
         Ok((subjects, begun, shared))
+    }
+
+    /// A `remote_address` rule left a request out: no trusted client address. Counted each
+    /// time, logged once per VM.
+    fn unaddressed(&mut self, host: &impl Host) {
+        self.metrics.add(host, Metric::Unaddressed, 1);
+        if !self.warned_unaddressed {
+            self.warned_unaddressed = true;
+            host.log(
+                true,
+                &format!(
+                    "strata: a remote_address rule did not apply: no client address from \
+                     client_address {:?}; counted in <stat_prefix>.unaddressed, logged once",
+                    self.config.gate.rules().client_address().name()
+                ),
+            );
+        }
     }
 
     /// `on_http_call_response` for `token`, delivered to HTTP context `context` (or to the

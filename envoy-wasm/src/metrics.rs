@@ -29,9 +29,11 @@ pub enum Metric {
     Replays,
     /// Replay batches that failed (their counts go with the next).
     ReplayFailures,
+    /// Requests a `remote_address` rule did not apply to: no trusted client address.
+    Unaddressed,
 }
 
-const ALL: [(Metric, &str); 11] = [
+const ALL: [(Metric, &str); 12] = [
     (Metric::Ok, "ok"),
     (Metric::RateLimited, "rate_limited"),
     (Metric::Enforced, "enforced"),
@@ -43,6 +45,7 @@ const ALL: [(Metric, &str); 11] = [
     (Metric::OriginFailures, "origin.failures"),
     (Metric::Replays, "replay.ok"),
     (Metric::ReplayFailures, "replay.failures"),
+    (Metric::Unaddressed, "unaddressed"),
 ];
 
 /// The ids the host gave the counters.

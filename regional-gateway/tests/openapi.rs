@@ -115,6 +115,23 @@ async fn the_description_states_the_codes_bounds() {
         schema("DecideRequest")["limits"]["maxItems"],
         MAX_MULTI_LIMITS
     );
+    // Every integer a client sends states its bound, so a generator that stays within the
+    // description never meets a refusal it could not predict (ids: any u64).
+    let mut unbounded = Vec::new();
+    for (name, s) in doc["components"]["schemas"].as_object().unwrap() {
+        if !(name.ends_with("Request") || name == "ReplayEvent") {
+            continue;
+        }
+        for (field, p) in s["properties"].as_object().into_iter().flatten() {
+            if p["type"] == "integer" && (p["maximum"].is_null() || p["minimum"].is_null()) {
+                unbounded.push(format!("{name}.{field}"));
+            }
+        }
+    }
+    assert!(
+        unbounded.is_empty(),
+        "integers without bounds: {unbounded:?}"
+    );
 }
 
 #[tokio::test]

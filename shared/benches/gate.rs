@@ -1,7 +1,7 @@
 //! A Wasm shell's warm request, natively: the rules applied to a request, its limit decided
 //! from a lease, and the reply's headers built (`Gate::start` + `Pending::reply`), the work the
 //! edge's Wasm module does per request besides moving strings across the JavaScript boundary.
-//! Run: `cargo bench -p strata-core --bench gate`.
+//! Also with a 4,000-byte key, keyed by its digest. Run: `cargo bench -p strata-core --bench gate`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: a panic is the report
 
@@ -18,7 +18,8 @@ mod support;
 
 const NOW_MS: u64 = 1_700_000_000_000;
 
-struct Req;
+/// A request with this `x-api-key`.
+struct Req(Vec<u8>);
 
 impl RequestView for Req {
     fn method(&self) -> &str {
@@ -32,7 +33,7 @@ impl RequestView for Req {
     }
     fn header(&self, name: &str) -> Option<&[u8]> {
         match name {
-            "x-api-key" => Some(b"warm-key"),
+            "x-api-key" => Some(&self.0),
             "accept" => Some(b"*/*"),
             _ => None,
         }
@@ -52,9 +53,24 @@ fn gate_request(c: &mut Criterion) {
     let key = WindowKeyRef::new("edge", "bench", "key=warm-key", hour).unwrap();
     support::warm(&mut table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
     let options = GateOptions::default();
+    let warm = Req(b"warm-key".to_vec());
     c.bench_function("gate/warm_request_start_and_reply", |b| {
         b.iter(|| {
-            let pending = gate.start(&mut table, &Req, NOW_MS).unwrap();
+            let pending = gate.start(&mut table, &warm, NOW_MS).unwrap();
+            let reply = pending.reply(&options, NOW_MS);
+            assert!(reply.allowed);
+            black_box(reply)
+        });
+    });
+
+    // The same with a 4,000-byte key (a JWT, say): keyed by its SHA-256 digest each time.
+    let long = Req(vec![b'k'; 4_000]);
+    let id = strata_core::identity::identifier_for(format!("key={}", "k".repeat(4_000)));
+    let key = WindowKeyRef::new("edge", "bench", &id, hour).unwrap();
+    support::warm(&mut table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
+    c.bench_function("gate/warm_request_4000_byte_key", |b| {
+        b.iter(|| {
+            let pending = gate.start(&mut table, &long, NOW_MS).unwrap();
             let reply = pending.reply(&options, NOW_MS);
             assert!(reply.allowed);
             black_box(reply)

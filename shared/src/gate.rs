@@ -18,6 +18,7 @@ use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::address::ClientAddress;
 use crate::decision::{Decision, MultiDecision};
 use crate::headers::{Field, HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
@@ -42,6 +43,12 @@ pub struct GateOptions {
     pub headers_on_pass: bool,
     /// Say in a response header when the origin could not be reached.
     pub debug: bool,
+    /// Where `remote_address` finds the client's address: `peer` (the runtime's address
+    /// for the request), `none`, `x-forwarded-for`, or a header a proxy in front sets
+    /// ([`ClientAddress`]).
+    pub client_address: String,
+    /// With `x-forwarded-for`: trusted proxies before the one that connects.
+    pub xff_num_trusted_hops: u32,
 }
 
 impl Default for GateOptions {
@@ -51,11 +58,23 @@ impl Default for GateOptions {
             legacy_headers: false,
             headers_on_pass: true,
             debug: false,
+            client_address: "peer".to_string(),
+            xff_num_trusted_hops: 0,
         }
     }
 }
 
 impl GateOptions {
+    /// The `client_address` source these options name.
+    pub fn client_address(&self) -> Result<ClientAddress, RuleError> {
+        ClientAddress::parse(&self.client_address, self.xff_num_trusted_hops).map_err(|message| {
+            RuleError {
+                field: String::new(),
+                message,
+            }
+        })
+    }
+
     /// Parses the options JSON; errors name the field.
     pub fn from_json(json: &str) -> Result<Self, RuleError> {
         let mut de = serde_json::Deserializer::from_str(json);
@@ -124,6 +143,17 @@ pub struct Pending {
     groups: [Group; 2],
     /// Whether an origin call of this request failed.
     pub origin_failed: bool,
+    /// Whether a `remote_address` rule was left out for want of a trusted client address.
+    pub unaddressed: bool,
+}
+
+/// The limits a request is subject to under a gate's rules ([`Gate::subjects`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subjects {
+    /// Each limit, in rule order.
+    pub limits: Vec<Subject>,
+    /// Whether a `remote_address` rule was left out for want of a trusted client address.
+    pub unaddressed: bool,
 }
 
 /// What the shell answers the client, or adds to the upstream's answer.
@@ -170,14 +200,18 @@ impl Gate {
     /// (the gateway binds the real one to the shell's token).
     pub fn from_json(workspace: &str, rules: &str, options: &str) -> Result<Self, GateError> {
         validate_workspace(workspace).map_err(|e| GateError::Workspace(e.to_string()))?;
+        let options = if options.trim().is_empty() {
+            GateOptions::default()
+        } else {
+            GateOptions::from_json(options).map_err(GateError::Options)?
+        };
+        let source = options.client_address().map_err(GateError::Options)?;
         Ok(Self {
             workspace: workspace.to_string(),
-            rules: RuleSet::from_json(rules).map_err(GateError::Rules)?,
-            options: if options.trim().is_empty() {
-                GateOptions::default()
-            } else {
-                GateOptions::from_json(options).map_err(GateError::Options)?
-            },
+            rules: RuleSet::from_json(rules)
+                .map_err(GateError::Rules)?
+                .with_client_address(source),
+            options,
         })
     }
 
@@ -199,11 +233,11 @@ impl Gate {
     }
 
     /// The limits `request` is subject to under the rules.
-    pub fn subjects(&self, request: &impl RequestView) -> Result<Vec<Subject>, RequestError> {
+    pub fn subjects(&self, request: &impl RequestView) -> Result<Subjects, RequestError> {
         let rules = self.rules.rules();
-        Ok(self
-            .rules
-            .apply(request)?
+        let applies = self.rules.applies(request)?;
+        let limits = applies
+            .limits
             .into_iter()
             .filter_map(|a| {
                 let rule = rules.get(a.rule)?;
@@ -217,7 +251,11 @@ impl Gate {
                     shadow: rule.shadow,
                 })
             })
-            .collect())
+            .collect();
+        Ok(Subjects {
+            limits,
+            unaddressed: applies.unaddressed,
+        })
     }
 
     /// Applies the rules to `request` and begins its limits on `table`.
@@ -228,7 +266,9 @@ impl Gate {
         now_ms: u64,
     ) -> Result<Pending, RequestError> {
         let subjects = self.subjects(request)?;
-        self.begin(table, subjects, now_ms)
+        let mut pending = self.begin(table, subjects.limits, now_ms)?;
+        pending.unaddressed = subjects.unaddressed;
+        Ok(pending)
     }
 
     /// The limits of one group of `subjects` (the `shadow` ones, or the enforced ones), keyed
@@ -311,6 +351,7 @@ impl Pending {
             subjects,
             groups: [group(enforced), group(shadow)],
             origin_failed: fell_back,
+            unaddressed: false,
         }
     }
 

@@ -6,6 +6,7 @@
 //! `:`, `{`, `}` and friends from forging another key.
 
 use alloc::boxed::Box;
+use alloc::string::String;
 use core::cmp::Ordering;
 use core::fmt;
 use core::hash::BuildHasher;
@@ -100,6 +101,38 @@ fn check(field: Field, value: &str, max: usize) -> Result<(), IdentityError> {
         len if len > max => Err(IdentityError::TooLong { field, len, max }),
         _ => Ok(()),
     }
+}
+
+/// The readable start an [`identifier_for`] digest keeps, in bytes at most.
+pub const DIGEST_PREFIX_BYTES: usize = 128;
+/// Between a digest's readable start and its hex. An encoded descriptor never holds `%s`
+/// (its `%` always begins `%XX` in upper-case hex), and any other text that holds the marker
+/// is digested too, so only a digest ever ends with it and its hex.
+pub const DIGEST_MARKER: &str = "%sha256:";
+
+/// The identifier of `text` (a descriptor, a binding's key) of any length: `text` itself when
+/// it fits [`MAX_IDENTIFIER_BYTES`] and holds no [`DIGEST_MARKER`]; otherwise its first
+/// [`DIGEST_PREFIX_BYTES`] (cut at a character, so the key stays readable in logs), the marker
+/// and the SHA-256 of the whole text in hex: 200 bytes at most. Two texts that differ keep
+/// identifiers that differ (as far as SHA-256 resists collisions), and every shell computes
+/// the same one, so a long key is counted as one key everywhere.
+pub fn identifier_for(text: String) -> String {
+    use core::fmt::Write as _;
+    use sha2::{Digest, Sha256};
+    if text.len() <= MAX_IDENTIFIER_BYTES && !text.contains(DIGEST_MARKER) {
+        return text;
+    }
+    let mut cut = DIGEST_PREFIX_BYTES.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut out = String::with_capacity(cut + DIGEST_MARKER.len() + 64);
+    out.push_str(text.get(..cut).unwrap_or_default());
+    out.push_str(DIGEST_MARKER);
+    for byte in Sha256::digest(text.as_bytes()) {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
 }
 
 /// Validates a workspace id on its own (1–191 bytes), as a gateway does for its token table.

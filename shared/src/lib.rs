@@ -96,6 +96,7 @@
 
 extern crate alloc;
 
+pub mod address;
 pub mod cell;
 pub mod decision;
 pub mod gate;

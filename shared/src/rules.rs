@@ -18,7 +18,8 @@ use core::fmt;
 
 use serde::Deserialize;
 
-use crate::identity::{MAX_IDENTIFIER_BYTES, MAX_NAMESPACE_BYTES};
+use crate::address::ClientAddress;
+use crate::identity::{MAX_NAMESPACE_BYTES, identifier_for};
 use crate::window::WindowDuration;
 
 /// Most rules in one set: every matching rule is a limit of one all-or-nothing decision.
@@ -364,8 +365,8 @@ pub enum Action {
         /// Absent header: drop the entry (true) or the whole rule (false).
         skip_if_absent: bool,
     },
-    /// `("remote_address", client address)`: `CF-Connecting-IP`, else the first
-    /// `X-Forwarded-For` hop, else the peer address.
+    /// `("remote_address", client address)`, from the set's [`ClientAddress`] source; no
+    /// address, and the rule does not apply.
     RemoteAddress,
     /// `(descriptor_key, descriptor_value)`, always.
     GenericKey {
@@ -435,10 +436,21 @@ pub struct Reads {
     pub headers: Vec<String>,
 }
 
+/// The limits a request is subject to ([`RuleSet::applies`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applies {
+    /// The rules that apply, in order.
+    pub limits: Vec<Applied>,
+    /// A matching `remote_address` rule was left out because the request had no trusted
+    /// client address: the shell counts it, and logs it once.
+    pub unaddressed: bool,
+}
+
 /// A parsed, validated list of rules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuleSet {
     rules: Vec<Rule>,
+    client_address: ClientAddress,
 }
 
 impl RuleSet {
@@ -457,6 +469,17 @@ impl RuleSet {
     /// The rules, in order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The same rules with `remote_address` read from `source` (default: [`ClientAddress::Peer`]).
+    pub fn with_client_address(mut self, source: ClientAddress) -> Self {
+        self.client_address = source;
+        self
+    }
+
+    /// Where `remote_address` finds the client's address.
+    pub fn client_address(&self) -> &ClientAddress {
+        &self.client_address
     }
 
     /// What [`apply`](Self::apply) may read of a request: a shell that fetches each part
@@ -482,9 +505,10 @@ impl RuleSet {
                 match action {
                     Action::RequestHeaders { header_name, .. } => header(header_name),
                     Action::RemoteAddress => {
-                        header("cf-connecting-ip");
-                        header("x-forwarded-for");
-                        reads.peer = true;
+                        if let Some(name) = self.client_address.header() {
+                            header(name);
+                        }
+                        reads.peer |= self.client_address.reads_peer();
                     }
                     Action::GenericKey { .. } => {}
                     Action::HeaderValueMatch { headers, .. } => {
@@ -533,83 +557,86 @@ impl RuleSet {
                 ));
             }
         }
-        Ok(Self { rules })
+        Ok(Self {
+            rules,
+            client_address: ClientAddress::default(),
+        })
+    }
+
+    /// The limits `request` is subject to, in rule order ([`applies`](Self::applies)).
+    pub fn apply(&self, request: &impl RequestView) -> Result<Vec<Applied>, RequestError> {
+        self.applies(request).map(|a| a.limits)
     }
 
     /// The limits `request` is subject to, in rule order. A rule whose match or actions do
     /// not apply is left out; a request whose cost header is not a number within the rule's
-    /// bound, or whose identifier would be too long, is refused.
-    pub fn apply(&self, request: &impl RequestView) -> Result<Vec<Applied>, RequestError> {
-        let mut applied = Vec::new();
+    /// bound is refused. A descriptor too long to be an identifier is keyed by its digest
+    /// ([`identifier_for`]).
+    pub fn applies(&self, request: &impl RequestView) -> Result<Applies, RequestError> {
+        let mut applies = Applies::default();
         for (i, rule) in self.rules.iter().enumerate() {
             if !rule.matcher.matches(request) {
                 continue;
             }
-            let Some(identifier) = descriptor(&rule.actions, request) else {
-                continue;
+            let identifier = match descriptor(&rule.actions, request, &self.client_address) {
+                Built::Descriptor(d) => identifier_for(d),
+                Built::NotApplicable => continue,
+                Built::Unaddressed => {
+                    applies.unaddressed = true;
+                    continue;
+                }
             };
-            if identifier.len() > MAX_IDENTIFIER_BYTES {
-                return Err(RequestError {
-                    rule: rule.name.clone(),
-                    message: format!(
-                        "the descriptor is {} bytes, at most {MAX_IDENTIFIER_BYTES} are allowed",
-                        identifier.len()
-                    ),
-                });
-            }
             let cost = request_cost(&rule.cost, request).map_err(|message| RequestError {
                 rule: rule.name.clone(),
                 message,
             })?;
-            applied.push(Applied {
+            applies.limits.push(Applied {
                 rule: i,
                 identifier,
                 cost,
             });
         }
-        Ok(applied)
+        Ok(applies)
     }
 }
 
+/// A request's cost under `cost`. A cost header is ASCII digits and nothing else: a sign,
+/// a space, a point or a base prefix is refused rather than guessed at.
 fn request_cost(cost: &Cost, request: &impl RequestView) -> Result<u64, String> {
     match cost {
         Cost::Constant(c) => Ok(*c),
-        Cost::Header { name, default, max } => match request.header(name) {
-            None => Ok(*default),
-            Some(v) => match core::str::from_utf8(v).map(|v| v.trim().parse::<u64>()) {
-                Ok(Ok(c)) if c <= *max => Ok(c),
-                Ok(Ok(c)) => Err(format!("header {name} asks a cost of {c}, at most {max}")),
+        Cost::Header { name, default, max } => {
+            let Some(v) = request.header(name) else {
+                return Ok(*default);
+            };
+            let digits = !v.is_empty() && v.iter().all(u8::is_ascii_digit);
+            match core::str::from_utf8(v)
+                .ok()
+                .filter(|_| digits)
+                .map(str::parse::<u64>)
+            {
+                Some(Ok(c)) if c <= *max => Ok(c),
+                Some(Ok(c)) => Err(format!("header {name} asks a cost of {c}, at most {max}")),
                 _ => Err(format!(
-                    "header {name} must be a whole number from 0 to {max}"
+                    "header {name} must be a whole number from 0 to {max}, in digits only"
                 )),
-            },
-        },
+            }
+        }
     }
 }
 
-/// The client's address: `CF-Connecting-IP`, else the first `X-Forwarded-For` hop, else the
-/// peer that connected. A header that is not text is passed over.
-pub fn client_address(request: &impl RequestView) -> Option<&str> {
-    let non_empty = |v: &str| -> bool { !v.is_empty() };
-    let text = |name: &str| {
-        request
-            .header(name)
-            .and_then(|v| core::str::from_utf8(v).ok())
-    };
-    text("cf-connecting-ip")
-        .map(str::trim)
-        .filter(|v| non_empty(v))
-        .or_else(|| {
-            text("x-forwarded-for")
-                .and_then(|v| v.split(',').next())
-                .map(str::trim)
-                .filter(|v| non_empty(v))
-        })
-        .or_else(|| request.peer_address().filter(|v| non_empty(v)))
+/// What a rule's actions made of a request.
+enum Built {
+    /// The encoded descriptor.
+    Descriptor(String),
+    /// An action could not make its entry: the rule does not apply.
+    NotApplicable,
+    /// `remote_address` found no trusted address: the rule does not apply, and it is noted.
+    Unaddressed,
 }
 
-/// Builds the encoded descriptor, or `None` when an action cannot make its entry.
-fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> {
+/// Builds the encoded descriptor of `actions`.
+fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAddress) -> Built {
     let mut out = String::new();
     for action in actions {
         let (key, value): (&str, &[u8]) = match action {
@@ -620,9 +647,12 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
             } => match request.header(header_name) {
                 Some(v) => (descriptor_key.as_str(), v),
                 None if *skip_if_absent => continue,
-                None => return None,
+                None => return Built::NotApplicable,
             },
-            Action::RemoteAddress => ("remote_address", client_address(request)?.as_bytes()),
+            Action::RemoteAddress => match source.of(request) {
+                Some(address) => ("remote_address", address.as_bytes()),
+                None => return Built::Unaddressed,
+            },
             Action::GenericKey {
                 descriptor_key,
                 descriptor_value,
@@ -634,7 +664,7 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
                 headers,
             } => {
                 if headers.iter().all(|h| h.matches(request)) != *expect_match {
-                    return None;
+                    return Built::NotApplicable;
                 }
                 (descriptor_key.as_str(), descriptor_value.as_bytes())
             }
@@ -647,7 +677,11 @@ fn descriptor(actions: &[Action], request: &impl RequestView) -> Option<String> 
         encode_bytes(&mut out, value);
     }
     // Every entry skipped: nothing to limit by, as in Envoy.
-    (!out.is_empty()).then_some(out)
+    if out.is_empty() {
+        Built::NotApplicable
+    } else {
+        Built::Descriptor(out)
+    }
 }
 
 /// [`encode`]s a value's UTF-8 runs and spells each other byte `%XX`: as `%` itself is

@@ -12,9 +12,11 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use strata_core::address::ClientAddress;
 use strata_core::gate::{ENFORCED, Gate, GateError, GateOptions, Pending, Reply, SHADOW};
+use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
-    Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet, client_address,
+    Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet,
     parse_duration_ms,
 };
 use strata_core::{CounterTable, FailureMode, TableConfig};
@@ -191,41 +193,128 @@ fn skip_if_absent_drops_only_its_entry() {
 }
 
 #[test]
-fn remote_address_prefers_cf_connecting_ip_then_forwarded_for_then_the_peer() {
+fn remote_address_is_the_peer_by_default_and_never_a_header_a_client_writes() {
     let rules = one(json!([{"remote_address": {}}]), json!({}));
-    let both = get("/")
-        .with_header("CF-Connecting-IP", " 203.0.113.9 ")
+    assert_eq!(rules.client_address(), &ClientAddress::Peer);
+    let forged = get("/")
+        .with_header("CF-Connecting-IP", "203.0.113.9")
         .with_header("X-Forwarded-For", "198.51.100.7, 10.0.0.1");
-    assert_eq!(ids(&rules, &both), ["remote_address=203.0.113.9"]);
-    assert_eq!(client_address(&both), Some("203.0.113.9"));
-
-    let forwarded = get("/").with_header("x-forwarded-for", "  198.51.100.7 , 10.0.0.1, 10.0.0.2");
-    assert_eq!(ids(&rules, &forwarded), ["remote_address=198.51.100.7"]);
-
-    // An empty CF-Connecting-IP does not hide the next source.
-    let empty_cf = get("/")
-        .with_header("cf-connecting-ip", "  ")
-        .with_header("x-forwarded-for", "198.51.100.8");
-    assert_eq!(ids(&rules, &empty_cf), ["remote_address=198.51.100.8"]);
-
-    // An empty first hop falls back to the peer.
-    let empty_hop = get("/").with_header("x-forwarded-for", " , 10.0.0.1");
-    assert_eq!(ids(&rules, &empty_hop), ["remote_address=192.0.2.1"]);
-
-    assert_eq!(ids(&rules, &get("/")), ["remote_address=192.0.2.1"]);
-    let v6 = get("/").with_peer(Some("2001:db8::1"));
+    assert_eq!(ids(&rules, &forged), ["remote_address=192.0.2.1"]);
+    let v6 = get("/").with_peer(Some("[2001:db8::1]:443"));
     assert_eq!(ids(&rules, &v6), ["remote_address=2001:db8::1"]);
+    let with_port = get("/").with_peer(Some("198.51.100.4:50000"));
+    assert_eq!(ids(&rules, &with_port), ["remote_address=198.51.100.4"]);
 
-    // No address at all: the rule does not apply.
-    let nowhere = get("/").with_peer(None);
-    assert_eq!(client_address(&nowhere), None);
-    assert!(rules.apply(&nowhere).unwrap().is_empty());
+    // No address, or one that is not an IP address: the rule does not apply, and it is said.
+    for peer in [None, Some(""), Some("unix:/tmp/s"), Some("envoy-internal")] {
+        let req = get("/").with_peer(peer);
+        let applies = rules.applies(&req).unwrap();
+        assert!(applies.limits.is_empty() && applies.unaddressed, "{peer:?}");
+    }
+    let other = one(json!([generic("g")]), json!({}));
     assert!(
-        rules
-            .apply(&get("/").with_peer(Some("")))
+        !other
+            .applies(&get("/").with_peer(None))
             .unwrap()
-            .is_empty()
+            .unaddressed
     );
+}
+
+#[test]
+fn remote_address_reads_only_the_configured_source() {
+    let with = |source: &str, hops: u32| {
+        one(json!([{"remote_address": {}}]), json!({}))
+            .with_client_address(ClientAddress::parse(source, hops).unwrap())
+    };
+    let req = get("/")
+        .with_header("cf-connecting-ip", " 203.0.113.9 ")
+        .with_header("x-forwarded-for", "6.6.6.6, 198.51.100.7,10.0.0.1");
+
+    let cf = with("CF-Connecting-IP", 0);
+    assert_eq!(ids(&cf, &req), ["remote_address=203.0.113.9"]);
+    assert_eq!(cf.reads().headers, ["cf-connecting-ip"]);
+    assert!(!cf.reads().peer);
+    let bad = get("/").with_header("cf-connecting-ip", "6.6.6.6, 7.7.7.7");
+    assert!(
+        cf.applies(&bad).unwrap().unaddressed,
+        "one address, or none"
+    );
+    assert!(
+        cf.applies(&get("/")).unwrap().unaddressed,
+        "no peer fallback"
+    );
+
+    // X-Forwarded-For counts from the right: the last entry is the connecting proxy's.
+    assert_eq!(
+        ids(&with("x-forwarded-for", 0), &req),
+        ["remote_address=10.0.0.1"]
+    );
+    assert_eq!(
+        ids(&with("x-forwarded-for", 1), &req),
+        ["remote_address=198.51.100.7"]
+    );
+    assert_eq!(
+        ids(&with("x-forwarded-for", 2), &req),
+        ["remote_address=6.6.6.6"]
+    );
+    let short = with("x-forwarded-for", 3);
+    assert!(
+        short.applies(&req).unwrap().unaddressed,
+        "fewer entries than hops"
+    );
+    let junk = get("/").with_header("x-forwarded-for", "10.0.0.1, not-an-ip");
+    assert!(
+        with("x-forwarded-for", 0)
+            .applies(&junk)
+            .unwrap()
+            .unaddressed
+    );
+
+    let none = with("none", 0);
+    assert!(none.applies(&req).unwrap().unaddressed);
+    assert_eq!(none.reads(), strata_core::rules::Reads::default());
+}
+
+#[test]
+fn client_address_settings_are_checked() {
+    for (source, hops, want) in [
+        ("peer", 0, Ok(ClientAddress::Peer)),
+        ("NONE", 0, Ok(ClientAddress::None)),
+        (
+            "x-forwarded-for",
+            2,
+            Ok(ClientAddress::ForwardedFor { trusted_hops: 2 }),
+        ),
+        (
+            "X-Real-IP",
+            0,
+            Ok(ClientAddress::Header("x-real-ip".into())),
+        ),
+        ("x-forwarded-for", 17, Err("xff_num_trusted_hops")),
+        ("peer", 1, Err("xff_num_trusted_hops")),
+        ("cf-connecting-ip", 1, Err("xff_num_trusted_hops")),
+        ("", 0, Err("client_address")),
+        ("x real ip", 0, Err("client_address")),
+    ] {
+        match (ClientAddress::parse(source, hops), want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want),
+            (Err(e), Err(field)) => assert!(e.starts_with(field), "{source}: {e}"),
+            (got, want) => panic!("{source} {hops}: {got:?}, expected {want:?}"),
+        }
+    }
+    let e = Gate::from_json("ws", r#"{"rules": []}"#, r#"{"client_address": "x y"}"#).unwrap_err();
+    assert!(e.to_string().contains("client_address"), "{e}");
+    let g = Gate::from_json(
+        "ws",
+        &json!({"rules": [rule(json!([{"remote_address": {}}]), json!({}))]}).to_string(),
+        r#"{"client_address": "x-forwarded-for", "xff_num_trusted_hops": 1}"#,
+    )
+    .unwrap();
+    let req = get("/").with_header("x-forwarded-for", "203.0.113.5, 10.0.0.1");
+    let subjects = g.subjects(&req).unwrap();
+    assert_eq!(subjects.limits[0].identifier, "remote_address=203.0.113.5");
+    let pending = g.start(&mut table(), &get("/"), T0).unwrap();
+    assert!(pending.unaddressed && pending.subjects().is_empty());
 }
 
 #[test]
@@ -462,7 +551,7 @@ fn header_values_are_bytes_and_text_rules_read_them_as_bytes() {
     ]);
     let req = get("/")
         .with_bytes("x-user", b"\xffk\xc3")
-        .with_bytes("cf-connecting-ip", b"\x80")
+        .with_peer(Some("192.0.2.1"))
         .with_bytes("x-tier", b"gold\xff");
     assert_eq!(
         ids(&rules, &req),
@@ -471,7 +560,7 @@ fn header_values_are_bytes_and_text_rules_read_them_as_bytes() {
             "remote_address=192.0.2.1",
             "generic_key=gold"
         ],
-        "bytes keyed as %XX; an address that is not text is passed over; a prefix of bytes"
+        "bytes keyed as %XX; a prefix of bytes"
     );
     let err = rules
         .apply(
@@ -509,45 +598,49 @@ fn reads_names_every_part_and_header_the_rules_look_at_once() {
     ]);
     let reads = rules.reads();
     assert!(reads.method && reads.path && reads.peer && !reads.host);
-    assert_eq!(
-        reads.headers,
-        [
-            "x-user",
-            "x-cost",
-            "cf-connecting-ip",
-            "x-forwarded-for",
-            "x-tier"
-        ]
-    );
+    assert_eq!(reads.headers, ["x-user", "x-cost", "x-tier"]);
     let generic_only = one(json!([generic("all")]), json!({})).reads();
     assert_eq!(generic_only, strata_core::rules::Reads::default());
 }
 
 #[test]
-fn a_descriptor_longer_than_255_bytes_is_a_request_error() {
+fn a_descriptor_of_any_length_is_keyed_by_its_digest_past_255_bytes() {
     let rules = one(
         json!([header_action("x-user", "user")]),
         json!({"name": "users"}),
     );
-    // "user=" is 5 bytes: 250 more is exactly the bound.
+    // "user=" is 5 bytes: 250 more is exactly the bound, kept as it is.
     let fits = "u".repeat(250);
     assert_eq!(
         ids(&rules, &get("/").with_header("x-user", &fits)),
         [format!("user={fits}")]
     );
-    let long = get("/").with_header("x-user", &"u".repeat(251));
-    let e: RequestError = rules.apply(&long).unwrap_err();
-    assert_eq!(e.rule, "users");
+    let key = |value: &str| ids(&rules, &get("/").with_header("x-user", value)).remove(0);
+    let long = "u".repeat(251);
+    let digest = key(&long);
+    assert!(digest.len() <= 200, "{}", digest.len());
     assert!(
-        e.message.contains("256") && e.message.contains("255"),
-        "{e}"
+        digest.starts_with("user=uuu"),
+        "the start stays readable: {digest}"
     );
+    assert!(digest.contains(DIGEST_MARKER));
+    assert_eq!(digest, key(&long), "the same descriptor, the same key");
 
-    // The bound is on the encoded bytes: 84 `%` are 252 bytes once encoded.
-    let encoded = get("/").with_header("x-user", &"%".repeat(84));
-    assert!(rules.apply(&encoded).is_err());
+    // 4,000 bytes differing in the last one: two keys. Bytes that are not UTF-8 too.
+    let mut a = "t".repeat(3_999);
+    let mut b = a.clone();
+    a.push('a');
+    b.push('b');
+    assert_ne!(key(&a), key(&b));
+    assert_eq!(key(&a).len(), digest.len());
+    let raw = |bytes: &[u8]| ids(&rules, &get("/").with_bytes("x-user", bytes)).remove(0);
+    assert_ne!(raw(&[0xff; 300]), raw(&[0xfe; 300]));
 
-    // The gate refuses it too, naming the rule.
+    // The marker never appears in a descriptor that fits, so none can pose as a digest.
+    let posing = format!("x{DIGEST_MARKER}{}", &digest[digest.len() - 64..]);
+    assert_eq!(key(&posing), format!("user={}", posing.replace('%', "%25")));
+
+    // The gate begins it like any key.
     let g = gate(
         &[rule(
             json!([header_action("x-user", "user")]),
@@ -555,8 +648,28 @@ fn a_descriptor_longer_than_255_bytes_is_a_request_error() {
         )],
         "",
     );
-    let e = g.start(&mut table(), &long, T0).unwrap_err();
-    assert_eq!(e.rule, "users");
+    let pending = g
+        .start(&mut table(), &get("/").with_header("x-user", &a), T0)
+        .unwrap();
+    assert_eq!(pending.subjects()[0].identifier, key(&a));
+}
+
+#[test]
+fn identifier_for_digests_long_text_and_text_that_holds_the_marker() {
+    assert_eq!(identifier_for("k".into()), "k");
+    let fits = "é".repeat(127); // 254 bytes
+    assert_eq!(identifier_for(fits.clone()), fits);
+    let long = "é".repeat(128); // 256 bytes: cut at a character, 128 bytes kept
+    let d = identifier_for(long.clone());
+    assert_eq!(d.len(), 128 + DIGEST_MARKER.len() + 64);
+    assert!(d.starts_with(&"é".repeat(64)));
+    let odd = format!("a{}", "é".repeat(128)); // the 128th byte splits a character
+    let d = identifier_for(odd);
+    assert!(d.starts_with(&format!("a{}", "é".repeat(63))) && d.len() == 127 + 8 + 64);
+    let posing = format!("k{DIGEST_MARKER}00");
+    let d = identifier_for(posing.clone());
+    assert_ne!(d, posing);
+    assert!(d.ends_with(|c: char| c.is_ascii_hexdigit()) && d.len() == posing.len() + 8 + 64);
 }
 
 // ---- Duration and cost ------------------------------------------------------------------
@@ -612,7 +725,7 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
     assert_eq!(cost(&header, &get("/")), Ok(1), "absent: default 1");
     assert_eq!(cost(&header, &get("/").with_header("x-cost", "7")), Ok(7));
     assert_eq!(
-        cost(&header, &get("/").with_header("x-cost", " 10 ")),
+        cost(&header, &get("/").with_header("x-cost", "010")),
         Ok(10)
     );
     assert_eq!(cost(&header, &get("/").with_header("x-cost", "0")), Ok(0));
@@ -623,7 +736,20 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
         above.message.contains("11") && above.message.contains("10"),
         "{above}"
     );
-    for junk in ["abc", "-1", "1.5", "", "18446744073709551616"] {
+    for junk in [
+        "abc",
+        "-1",
+        "1.5",
+        "",
+        "18446744073709551616",
+        "+3",
+        " 7 ",
+        "7 ",
+        "0x3",
+        "3.0",
+        "1e1",
+        "٣",
+    ] {
         let e = cost(&header, &get("/").with_header("x-cost", junk)).unwrap_err();
         assert_eq!(e.rule, "tokens", "{junk:?}");
         assert!(e.message.contains("x-cost"), "{e}");
@@ -1331,7 +1457,7 @@ fn parse_and_apply(text: &str, requests: &[Req]) {
             if let Ok(applied) = rules.apply(req) {
                 for a in applied {
                     assert!(a.rule < rules.rules().len());
-                    assert!(!a.identifier.is_empty() && a.identifier.len() <= 255);
+                    assert!(!a.identifier.is_empty() && a.identifier.len() <= MAX_IDENTIFIER_BYTES);
                 }
             }
         }
@@ -1399,8 +1525,7 @@ proptest! {
                 let rules: Vec<usize> = applied.iter().map(|a| a.rule).collect();
                 prop_assert_eq!(rules, if has { vec![0, 1] } else { vec![1] });
             }
-            // Only a value too long for an identifier is refused, and only of that rule.
-            Err(e) => prop_assert!(has && e.rule == "users", "{}", e),
+            Err(e) => prop_assert!(false, "no request is refused here: {}", e),
         }
     }
 
@@ -1425,7 +1550,8 @@ proptest! {
         let mut denials = 0_u64;
         for (client, dt) in requests {
             now += dt;
-            let req = get("/").with_header("cf-connecting-ip", &format!("203.0.113.{client}"));
+            let peer = format!("203.0.113.{client}");
+            let req = get("/").with_peer(Some(&peer));
             let (pending, reply) = run(&g, &mut t, &req, now);
             prop_assert!(reply.allowed && pending.allowed());
             prop_assert_eq!(reply.status, 200);

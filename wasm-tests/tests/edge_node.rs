@@ -32,13 +32,14 @@ fn edge(limit: u64, options: &str) -> Edge {
     Edge::new(&rules(limit), options, "test").unwrap()
 }
 
+/// A request from `ip` as workerd reports the connection (`request.cf.clientIp`, with port);
+/// the X-Forwarded-For a client wrote is not the address.
 fn start(edge: &mut Edge, path: &str, ip: &str) -> EdgeRequest {
-    let headers = format!("x-forwarded-for\n{ip}, 10.0.0.1\n");
     edge.start(
         "GET",
         &format!("https://example.com{path}"),
-        &headers,
-        None,
+        "x-forwarded-for\n6.6.6.6\n",
+        Some(format!("{ip}:50123")),
         NOW,
     )
     .map_err(JsValue::from)
@@ -241,4 +242,18 @@ fn invalid_configuration_and_bad_requests_are_errors_not_traps() {
         .start_key("login", "k", 3.0, 60_000.0, -1.0, NOW)
         .unwrap_err();
     assert!(message(err).contains("cost"));
+}
+
+#[wasm_bindgen_test]
+fn a_binding_key_of_any_length_is_keyed_by_its_digest() {
+    let mut e = edge(10, "");
+    let long = "k".repeat(4_000);
+    let r = e
+        .start_key("login", &long, 3.0, 60_000.0, 1.0, NOW)
+        .map_err(JsValue::from)
+        .unwrap();
+    let call: Value = serde_json::from_str(&e.call_body(&r, 0).unwrap()).unwrap();
+    let id = call["limits"][0]["identifier"].as_str().unwrap();
+    assert_eq!(id, strata_core::identity::identifier_for(long));
+    assert!(id.len() <= 255 && id.starts_with("kkkk") && id.contains("%sha256:"));
 }

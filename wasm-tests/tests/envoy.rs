@@ -263,3 +263,160 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
     }
     held.abort();
 }
+
+/// Envoy in front of the upstream with the Strata filter configured by `extra`, and `hcm`
+/// connection-manager settings.
+async fn envoy_hcm(s: &Stack, rules: &Value, extra: &Value, hcm: &[&'static str]) -> Envoy {
+    let options = common::envoy::Options {
+        hcm: hcm.to_vec(),
+        ..common::envoy::Options::default()
+    };
+    let mut e = Envoy::start_opts(
+        &common::envoy::Filters::Strata(configuration(rules, extra)),
+        &options,
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    e.ready(&s.http).await;
+    e
+}
+
+async fn send(http: &reqwest::Client, url: &str, headers: &[(String, String)]) -> u16 {
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    get(http, url, &headers).await.0
+}
+
+/// The client-address table (`common::identity`, the same rows as workerd's): whatever a
+/// client invents, each setting counts the address it names; `none` limits no one and says
+/// so (`strata.unaddressed`, one log line per VM at most).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_address_counts_the_trusted_address_whatever_a_client_invents() {
+    let s = stack().await;
+    // The connection's own address as `source.address`, and X-Forwarded-For passed on as the
+    // table's proxies wrote it.
+    let hcm = ["use_remote_address: true", "skip_xff_append: true"];
+    for case in &common::identity::CASES {
+        let rules = common::identity::rules(case)["rules"].clone();
+        let extra = json!({"client_address": case.source, "xff_num_trusted_hops": case.hops});
+        let e = envoy_hcm(&s, &rules, &extra, &hcm).await;
+        let (http, url) = (unpooled(), format!("{}/v1/things", e.base));
+        common::identity::check(&s, "envoy", case, |headers| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { send(&http, &url, &headers).await }
+        })
+        .await;
+        let unaddressed = if case.source == "none" { case.sent } else { 0 };
+        assert_eq!(
+            e.stat(&s.http, "strata.unaddressed").await,
+            unaddressed as u64,
+            "{case:?}"
+        );
+        let noticed = e
+            .log()
+            .matches("a remote_address rule did not apply")
+            .count();
+        assert!(
+            (unaddressed == 0) == (noticed == 0) && noticed <= 2,
+            "{noticed}: {}",
+            e.log()
+        );
+    }
+}
+
+/// Behind a trusted proxy (a second Envoy with `use_remote_address: true`, which appends the
+/// address it saw), the filter's Envoy with `xff_num_trusted_hops: 1` counts that address; an
+/// Envoy that clients reach directly with `use_remote_address: true` (as `envoy.yaml`) counts
+/// the connection. An invented X-Forwarded-For never escapes either. Under Envoy's own default
+/// (`use_remote_address: false`) `source.address` is the last X-Forwarded-For entry, as for
+/// Envoy's `remote_address` action: the filter counts what Envoy computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_trusted_address_decides_behind_a_proxy_and_facing_clients() {
+    let s = stack().await;
+    let case = common::identity::CASES[0]; // `peer`
+    let rules = common::identity::rules(&case)["rules"].clone();
+    let http = unpooled();
+    let forged = |i: usize| vec![("x-forwarded-for".to_string(), format!("6.6.6.{i}"))];
+
+    let back_hcm = ["use_remote_address: true", "xff_num_trusted_hops: 1"];
+    let back = envoy_hcm(&s, &rules, &json!({}), &back_hcm).await;
+    let options = common::envoy::Options {
+        hcm: vec!["use_remote_address: true"],
+        ..common::envoy::Options::default()
+    };
+    let mut front = Envoy::start_opts(
+        &common::envoy::Filters::None,
+        &options,
+        port_of(&back.base),
+        None,
+    );
+    front.ready(&s.http).await;
+    let mut admitted = 0;
+    for i in 0..20 {
+        admitted += usize::from(send(&http, &front.base, &forged(i)).await == 200);
+    }
+    assert_eq!(admitted, common::identity::LIMIT, "behind a trusted proxy");
+    assert_eq!(back.stat(&s.http, "strata.unaddressed").await, 0);
+    drop(front);
+    drop(back);
+
+    // Facing clients, as envoy.yaml: a new namespace, so the counts above do not carry over.
+    let mut facing_rules = rules.clone();
+    facing_rules[0]["namespace"] = json!("ip-facing");
+    let facing = envoy_hcm(&s, &facing_rules, &json!({}), &["use_remote_address: true"]).await;
+    let mut admitted = 0;
+    for i in 0..20 {
+        admitted += usize::from(send(&http, &facing.base, &forged(i)).await == 200);
+    }
+    assert_eq!(admitted, common::identity::LIMIT, "facing clients");
+    let n = s
+        .settles_at("ip-facing", "remote_address=127.0.0.1", 5)
+        .await;
+    assert_eq!(n, 5, "the connection's address is counted");
+    drop(facing);
+
+    // Envoy's default trusts the last X-Forwarded-For entry; without one, the connection.
+    let mut default_rules = rules.clone();
+    default_rules[0]["namespace"] = json!("ip-default");
+    let default = envoy_hcm(&s, &default_rules, &json!({}), &[]).await;
+    let url = default.base.clone();
+    let statuses = |headers: Vec<(String, String)>| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..7 {
+                out.push(send(&http, &url, &headers).await);
+            }
+            out
+        }
+    };
+    let want = [200, 200, 200, 200, 200, 429, 429];
+    assert_eq!(statuses(forged(1)).await, want);
+    assert_eq!(statuses(Vec::new()).await, want);
+    assert_eq!(
+        s.settles_at("ip-default", "remote_address=6.6.6.1", 5)
+            .await,
+        5
+    );
+    assert_eq!(
+        s.settles_at("ip-default", "remote_address=127.0.0.1", 5)
+            .await,
+        5
+    );
+}
+
+/// Keys of 300 and 4,000 bytes limited exactly and apart; a cost that is not digits is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
+    let s = stack().await;
+    let rules = common::identity::long_key_rules()["rules"].clone();
+    let e = envoy(&s, &rules, &json!({})).await;
+    let (http, base) = (unpooled(), e.base.clone());
+    common::identity::check_long_keys_and_costs("envoy", |key, cost| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { common::identity::get_key(&http, &base, &key, cost).await }
+    })
+    .await;
+}

@@ -351,7 +351,7 @@ async fn random_headers_methods_and_paths_never_break_the_edge() {
     assert_eq!(tally.unanswered, 0, "connections closed without an answer");
     assert!(
         tally.count("400 filter") > 0,
-        "the edge refused no bad cost header or overlong key: the rules were not read"
+        "the edge refused no bad cost header: the rules were not read"
     );
     assert!(
         tally.count("200 upstream") * 4 >= requests as u64,
@@ -381,4 +381,70 @@ async fn a_path_cannot_name_another_host_to_forward_to() {
             "{path} reached the upstream"
         );
     }
+}
+
+/// The client-address table (`common::identity`, the same rows as Envoy's): whatever a client
+/// invents, each setting counts the address it names, and `none` limits no one while saying so
+/// (the isolate's stats, one log line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_address_counts_the_trusted_address_whatever_a_client_invents() {
+    let s = stack().await;
+    for case in &common::identity::CASES {
+        let rules = common::identity::rules(case).to_string();
+        let hops = case.hops.to_string();
+        let mut vars = edge_vars(&s, &rules);
+        vars.extend([
+            ("STRATA_CLIENT_ADDRESS", case.source),
+            ("STRATA_XFF_NUM_TRUSTED_HOPS", hops.as_str()),
+            ("STRATA_DEBUG", "true"),
+        ]);
+        let mut edge = Workerd::proxy(&vars);
+        edge.ready().await;
+        let (http, base) = (s.http.clone(), edge.base.clone());
+        common::identity::check(&s, "workerd", case, |headers| {
+            let (http, url) = (http.clone(), format!("{base}/v1/things"));
+            async move {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                get(&http, &url, &headers).await.0
+            }
+        })
+        .await;
+        let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
+        let stats: Value = serde_json::from_str(&stats).unwrap();
+        let unaddressed = if case.source == "none" { case.sent } else { 0 };
+        assert_eq!(
+            stats["requests_unaddressed"], unaddressed,
+            "{case:?}: {stats}"
+        );
+        let noticed = edge
+            .log()
+            .matches("a remote_address rule did not apply")
+            .count();
+        assert_eq!(noticed, usize::from(unaddressed > 0), "{}", edge.log());
+    }
+    let mut vars = edge_vars(&s, "{\"rules\": []}");
+    vars.push(("STRATA_XFF_NUM_TRUSTED_HOPS", "1"));
+    let mut bad = Workerd::proxy(&vars);
+    bad.ready().await;
+    let (status, _, body) = get(&s.http, &bad.base, &[]).await;
+    assert_eq!(status, 500, "hops without x-forwarded-for: {body}");
+    assert!(body.contains("xff_num_trusted_hops"), "{body}");
+}
+
+/// Keys of 300 and 4,000 bytes limited exactly and apart; a cost that is not digits is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
+    let s = stack().await;
+    let rules = common::identity::long_key_rules().to_string();
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    let (http, base) = (s.http.clone(), edge.base.clone());
+    common::identity::check_long_keys_and_costs("workerd", |key, cost| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { common::identity::get_key(&http, &base, &key, cost).await }
+    })
+    .await;
 }

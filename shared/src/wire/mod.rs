@@ -291,12 +291,14 @@ pub struct ReplayEvent {
     /// The id of a lease the process gives back on the cell (default 0: none); it stopped
     /// using it before sending this. Dropped only if no newer lease replaced it.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub release: u64,
     /// The largest `used` the origin has acknowledged for the cell (default 0: unknown). An
     /// origin whose own record agrees adds the difference without reading first; any other
     /// value only costs it that read.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub acked: u64,
 }
@@ -370,16 +372,19 @@ pub struct DecideLimitRequest {
     /// The id of an expired lease the caller gives back (default 0: none): the origin drops
     /// it, once `used` is merged and if no newer lease replaced it, before deciding.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub release: u64,
     /// This call's id for the cell (default 0: none), growing per caller: the origin keeps the
     /// last it counted, so a later call can ask it to undo that.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub call: u64,
     /// Undo what the caller's calls from this id on counted (default 0: nothing): their answers
     /// never arrived, and the caller decided those requests itself.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub undo_from: u64,
 }

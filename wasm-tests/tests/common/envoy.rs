@@ -58,6 +58,8 @@ pub struct Options {
     /// The connection manager's `request_timeout`: the bound on a request whose filter never
     /// lets it go (a VM that failed while the request was paused).
     pub request_timeout_ms: u64,
+    /// More connection-manager settings, one `key: value` per line (`use_remote_address: true`).
+    pub hcm: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             concurrency: 2,
             wasm: filter(),
             request_timeout_ms: 15_000,
+            hcm: Vec::new(),
         }
     }
 }
@@ -172,7 +175,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress_http
           request_timeout: {request_timeout}s
-          route_config:
+{hcm}          route_config:
             name: local_route
             virtual_hosts:
             - name: all
@@ -189,6 +192,11 @@ static_resources:
 {upstream}{gateway}"#,
         filters = filters.yaml(&options.wasm),
         request_timeout = Seconds(options.request_timeout_ms),
+        hcm = options
+            .hcm
+            .iter()
+            .map(|line| format!("          {line}\n"))
+            .collect::<String>(),
         route_extra = filters.route_extra(),
         upstream = cluster("upstream", Some(upstream_port)),
         gateway = cluster("strata_gateway", gateway_port),

@@ -146,6 +146,14 @@ pub fn fuzz_request(rng: &mut Rng) -> Vec<u8> {
         out.extend_from_slice(host);
         out.extend_from_slice(b"\r\n");
     }
+    // Now and then a request the `tiers` rule applies to, with a cost that is rarely digits:
+    // the filter's own 400s show the rules were read.
+    if rng.chance(8) {
+        out.clear();
+        out.extend_from_slice(b"GET /api/x HTTP/1.1\r\nhost: x\r\nx-tier: gold\r\nx-cost: ");
+        out.extend_from_slice(&value(rng));
+        out.extend_from_slice(b"\r\n");
+    }
     for _ in 0..count {
         out.extend_from_slice(&name(rng));
         out.extend_from_slice(b": ");

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 pub mod conformance;
 pub mod envoy;
 pub mod hostile;
+pub mod identity;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]

@@ -270,12 +270,8 @@ impl Edge {
         let mut notice = String::new();
         if request.pending.unaddressed {
             if self.stats.unaddressed == 0 {
-                notice = format!(
-                    "a remote_address rule did not apply: no client address from \
-                     client_address {:?} (STRATA_CLIENT_ADDRESS); counted in \
-                     requests_unaddressed, logged once",
-                    self.gate.rules().client_address().name()
-                );
+                let source = self.gate.rules().client_address();
+                notice = source.unaddressed_notice("/__strata/stats requests_unaddressed");
             }
             self.stats.unaddressed += 1;
         }

@@ -12,7 +12,7 @@ use strata_core::gate::{ENFORCED, Pending, Reply, SHADOW};
 use strata_core::identity::WindowKeyRef;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin};
-use strata_core::rules::{ListRequest, Reads, address_of, host_of, path_of};
+use strata_core::rules::{ListRequest, Reads, host_of, path_of};
 use strata_core::snapshot::decode_entry;
 use strata_core::table::LimitRequest;
 use strata_core::wire::{CellsResponse, DecideResponse, instance_id};
@@ -96,11 +96,7 @@ fn envoy_request(host: &impl Host, reads: &Reads) -> ListRequest {
         method: text(reads.method, ":method"),
         host: host_of(&text(reads.host, ":authority")).to_string(),
         path: path_of(&text(reads.path, ":path")).to_string(),
-        peer: reads
-            .peer
-            .then(|| host.peer_address())
-            .flatten()
-            .map(|p| address_of(&p).to_string()),
+        peer: reads.peer.then(|| host.peer_address()).flatten(),
         headers: reads
             .headers
             .iter()
@@ -374,13 +370,11 @@ impl Vm {
         self.metrics.add(host, Metric::Unaddressed, 1);
         if !self.warned_unaddressed {
             self.warned_unaddressed = true;
+            let source = self.config.gate.rules().client_address();
+            let counter = format!("{}.unaddressed", self.config.stat_prefix);
             host.log(
                 true,
-                &format!(
-                    "strata: a remote_address rule did not apply: no client address from \
-                     client_address {:?}; counted in <stat_prefix>.unaddressed, logged once",
-                    self.config.gate.rules().client_address().name()
-                ),
+                &format!("strata: {}", source.unaddressed_notice(&counter)),
             );
         }
     }

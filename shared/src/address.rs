@@ -8,10 +8,10 @@
 //! and the shell counts and logs that (`Applies::unaddressed`), rather than guessing.
 
 use alloc::format;
-use alloc::string::{String, ToString};
+use alloc::string::String;
 use core::net::IpAddr;
 
-use crate::rules::{RequestView, address_of};
+use crate::rules::{RequestView, address_of, header_name};
 
 /// The trusted source of a client's address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,16 +59,12 @@ impl ClientAddress {
                     trusted_hops: xff_num_trusted_hops,
                 }
             }
-            _ => {
-                let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-                if name.is_empty() || !name.bytes().all(token) {
-                    return Err(format!(
-                        "client_address: {source:?} is not peer, none, x-forwarded-for or a \
-                         header name"
-                    ));
-                }
-                Self::Header(name)
-            }
+            _ => Self::Header(header_name(source, "client_address").map_err(|_| {
+                format!(
+                    "client_address: {source:?} is not peer, none, x-forwarded-for or a header \
+                     name"
+                )
+            })?),
         };
         if xff_num_trusted_hops != 0 && !matches!(address, Self::ForwardedFor { .. }) {
             return Err(format!(
@@ -80,7 +76,7 @@ impl ClientAddress {
     }
 
     /// The client's address in `request`, if the source gives one that parses as an IP
-    /// address (without port or brackets).
+    /// address (without port or brackets: a peer's port is dropped here, for every shell).
     pub fn of<'r>(&self, request: &'r impl RequestView) -> Option<&'r str> {
         let text = |name: &str| {
             request
@@ -119,12 +115,22 @@ impl ClientAddress {
     }
 
     /// The setting as written (`x-forwarded-for` without its hop count).
-    pub fn name(&self) -> String {
+    pub fn name(&self) -> &str {
         match self {
-            Self::Peer => "peer".to_string(),
-            Self::Header(name) => name.clone(),
-            Self::ForwardedFor { .. } => "x-forwarded-for".to_string(),
-            Self::None => "none".to_string(),
+            Self::Peer => "peer",
+            Self::Header(name) => name,
+            Self::ForwardedFor { .. } => "x-forwarded-for",
+            Self::None => "none",
         }
+    }
+
+    /// The warning a shell logs, once, for the first request a `remote_address` rule left out
+    /// for want of an address; `counted_in` names where the shell counts them all.
+    pub fn unaddressed_notice(&self, counted_in: &str) -> String {
+        format!(
+            "a remote_address rule did not apply: client_address {:?} gave no client address; \
+             counted in {counted_in}, logged once",
+            self.name()
+        )
     }
 }

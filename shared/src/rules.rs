@@ -42,7 +42,8 @@ pub trait RequestView {
     fn path(&self) -> &str;
     /// A header's value, by lower-case name.
     fn header(&self, name: &str) -> Option<&[u8]>;
-    /// The address of the peer that connected (Envoy's downstream address), if known.
+    /// The address of the peer that connected, as the runtime gives it (a port may follow),
+    /// if known: Envoy's `source.address`, workerd's `request.cf.clientIp`.
     fn peer_address(&self) -> Option<&str>;
 }
 
@@ -58,7 +59,7 @@ pub struct ListRequest {
     pub path: String,
     /// Lower-case names and their values' bytes; the first pair of a name wins.
     pub headers: Vec<(String, Vec<u8>)>,
-    /// The peer's address without port (see [`address_of`]).
+    /// The peer's address as the runtime gives it (see [`RequestView::peer_address`]).
     pub peer: Option<String>,
 }
 
@@ -688,16 +689,11 @@ fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAdd
 /// encoded, `%XX` in the result is never the client's text, so every value keeps a key of its
 /// own.
 fn encode_bytes(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    use core::fmt::Write as _;
     for chunk in bytes.utf8_chunks() {
         encode(out, chunk.valid());
         for b in chunk.invalid() {
-            out.push('%');
-            for nibble in [b >> 4, b & 0xf] {
-                out.push(char::from(
-                    HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
-                ));
-            }
+            let _ = write!(out, "%{b:02X}");
         }
     }
 }
@@ -875,7 +871,7 @@ fn header_matchers(raw: Vec<RawHeaderMatcher>, at: &str) -> Result<Vec<HeaderMat
 }
 
 /// A header name as HTTP allows it (a token), lower-cased.
-fn header_name(name: &str, at: &str) -> Result<String, RuleError> {
+pub(crate) fn header_name(name: &str, at: &str) -> Result<String, RuleError> {
     let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if name.is_empty() || !name.bytes().all(token) {
         return Err(bad(at, format!("{name:?} is not a header name")));

@@ -49,8 +49,10 @@ fn failures(stats: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
 async fn random_headers_methods_and_paths_never_break_the_filter() {
     let (requests, seed) = hostile::run_settings();
     let s = stack().await;
+    let (source, hops) = hostile::CLIENT_ADDRESS;
     let config = json!({"gateway_cluster": "strata_gateway", "region": "fuzz",
-        "timeout_ms": 5000, "rules": hostile::rules()});
+        "timeout_ms": 5000, "client_address": source, "xff_num_trusted_hops": hops,
+        "rules": hostile::rules()});
     let mut e = Envoy::start(
         &config.to_string(),
         s.upstream.port(),

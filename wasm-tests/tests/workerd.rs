@@ -341,7 +341,14 @@ async fn random_headers_methods_and_paths_never_break_the_edge() {
     let (requests, seed) = hostile::run_settings();
     let s = stack().await;
     let rules = json!({ "rules": hostile::rules() }).to_string();
-    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    let (source, hops) = hostile::CLIENT_ADDRESS;
+    let hops = hops.to_string();
+    let mut vars = edge_vars(&s, &rules);
+    vars.extend([
+        ("STRATA_CLIENT_ADDRESS", source),
+        ("STRATA_XFF_NUM_TRUSTED_HOPS", hops.as_str()),
+    ]);
+    let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
     let tally = hostile::run(&edge.base, requests, seed, || edge.log()).await;
     println!(

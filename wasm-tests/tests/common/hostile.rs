@@ -47,6 +47,10 @@ const READ: [&str; 6] = [
 const TCHAR: &[u8] =
     b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
+/// The shells' `client_address` and `xff_num_trusted_hops` in the fuzz runs: the source that
+/// parses most of a client's bytes (a list counted from the right, then an IP address).
+pub const CLIENT_ADDRESS: (&str, u32) = ("x-forwarded-for", 1);
+
 /// Rules reading every header above, with every matcher and action kind.
 pub fn rules() -> serde_json::Value {
     serde_json::json!([

@@ -1,5 +1,6 @@
-// Strata's edge Worker. It reads the clock, makes the fetches and keeps one `Edge` per isolate;
-// every decision, merge and batching rule is in the Wasm module (strata-core's request path).
+// Strata's edge Worker. It reads the clock, makes the fetches, arms one timer and keeps one `Edge`
+// per isolate; the request path (coalescing, deadlines, failure modes, replay) is the Wasm
+// module's, strata-core's driver: an event goes in, then `pump` drains what came out.
 //
 // Proxy mode: `export default` applies STRATA_RULES to each request, answers a denial with 429,
 // and forwards a pass to the upstream. Binding mode: `withLimiters` gives a Worker objects shaped
@@ -29,6 +30,8 @@ initSync({ module: wasmModule });
 
 const isolate = { key: null, state: null };
 const RULES_NONE = '{"rules":[]}';
+// How often a request waiting for the gateway looks for its decision.
+const POLL_MS = 1;
 
 function log(level, msg, fields) {
   console.log(JSON.stringify({ level, msg, ...fields }));
@@ -89,19 +92,23 @@ function stateFor(env, rules) {
         ? Number(env.STRATA_XFF_NUM_TRUSTED_HOPS)
         : env.STRATA_XFF_NUM_TRUSTED_HOPS || 0,
     });
-    const edge = new Edge(rules, options, env.STRATA_REGION || "edge");
+    const edge = new Edge(
+      rules, options, env.STRATA_REGION || "edge",
+      number(env, "STRATA_TIMEOUT_MS", 250), number(env, "STRATA_REPLAY_DELAY_MS", 50),
+    );
     state = {
       edge,
+      headerNames: edge.header_names.split("\n").filter(Boolean),
       error: null,
       gateway,
       base: base ? base.replace(/\/+$/, "") : "http://gateway",
       token: env.STRATA_TOKEN || "",
-      timeoutMs: number(env, "STRATA_TIMEOUT_MS", 250),
-      replayDelayMs: number(env, "STRATA_REPLAY_DELAY_MS", 50),
       upstream: env.STRATA_UPSTREAM || "",
       debug: flag(env, "STRATA_DEBUG", false),
-      inflight: new Map(),
-      replayPending: false,
+      waiting: new Set(), // ids of requests waiting for the gateway
+      ready: new Map(), // request id → its reply, for it to pick up
+      nextId: 0,
+      timers: [], // when each armed timer fires
     };
     log("info", "strata edge ready", { instance: edge.instance });
   } catch (e) {
@@ -124,112 +131,106 @@ function errorResponse(status, code, message) {
   return json(status, { error: { code, message } });
 }
 
-// POSTs to the gateway within the timeout; resolves { status, text } or throws.
-async function post(state, path, body) {
+// POSTs to the gateway, aborted after `timeoutMs`; resolves { status, text } or throws.
+async function post(state, path, body, timeoutMs) {
   const headers = { "content-type": "application/json" };
   if (state.token) headers.authorization = `Bearer ${state.token}`;
-  const controller = new AbortController();
-  const timer = setTimeout(() => controller.abort(new Error("timed out")), state.timeoutMs);
-  try {
-    const init = { method: "POST", headers, body, signal: controller.signal };
-    const response = state.gateway
-      ? await state.gateway.fetch(`${state.base}${path}`, init)
-      : await fetch(`${state.base}${path}`, init);
-    return { status: response.status, text: await response.text() };
-  } finally {
-    clearTimeout(timer);
-  }
+  const init = { method: "POST", headers, body, signal: AbortSignal.timeout(Math.max(1, timeoutMs)) };
+  const response = state.gateway
+    ? await state.gateway.fetch(`${state.base}${path}`, init)
+    : await fetch(`${state.base}${path}`, init);
+  return { status: response.status, text: await response.text() };
 }
 
-// Makes group `g`'s origin call and hands the answer (or the failure) to the module. The
-// call is listed in flight with its deadline, which requests that join it inherit.
-async function call(state, request, g) {
-  const body = state.edge.call_body(request, g);
-  if (body === undefined) return;
-  const key = state.edge.call_key(request, g);
-  let done;
-  const settled = new Promise((resolve) => (done = resolve));
-  state.inflight.set(key, { settled, deadline: Date.now() + state.timeoutMs });
+// Drains what the module's last event put out: log lines, calls to send (each awaited in this
+// request's context, which Workers require of its I/O), decisions of requests that waited
+// (left for them to pick up: see `decide`); then arms a timer for its next deadline.
+function pump(state, ctx) {
+  const edge = state.edge;
+  for (let line; (line = edge.poll_log()); ) {
+    log(line.level, line.message);
+    line.free();
+  }
+  for (let call; (call = edge.poll_transmit()); ) {
+    ctx.waitUntil(send(state, ctx, call.call, call.path, call.body, call.timeout_ms));
+    call.free();
+  }
+  for (let reply; (reply = edge.poll_decision()); ) {
+    const id = reply.request;
+    if (state.waiting.has(id)) state.ready.set(id, plain(reply));
+    else reply.free();
+  }
+  arm(state, ctx);
+}
+
+async function send(state, ctx, call, path, body, timeoutMs) {
   try {
-    const { status, text } = await post(state, "/v1/origin/decide", body);
-    if (!state.edge.answer(request, g, status, text, Date.now())) {
-      log("warn", "gateway refused a decision", { status, body: text.slice(0, 200) });
-    }
+    const { status, text } = await post(state, path, body, timeoutMs);
+    state.edge.answer(call, status, text, Date.now());
   } catch (e) {
-    state.edge.fail(request, g, Date.now());
-    log("warn", "gateway unreachable; decided by the failure mode", { error: String(e.message || e) });
-  } finally {
-    if (state.inflight.get(key)?.settled === settled) state.inflight.delete(key);
-    done();
+    state.edge.fail(call, String(e.message || e), Date.now());
   }
+  pump(state, ctx);
 }
 
-// Decides a request begun by `begin()`. A request whose call another request already has in
-// flight waits for that answer once, then begins again: the answer usually brings a lease
-// that decides it from memory. It waits no longer than that call's deadline: past it, the
-// call it joined has failed, whether or not its failure was recorded yet, so its own calls
-// are failed too (decided by the failure mode) rather than made, which would wait again.
-async function decide(state, begin) {
-  let request = begin();
-  const joined = [0, 1]
-    .map((g) => state.inflight.get(state.edge.call_key(request, g)))
-    .filter(Boolean);
-  let expired = false;
-  if (joined.length > 0) {
-    request.free();
-    const deadline = Math.max(...joined.map((f) => f.deadline));
-    const answered = Promise.all(joined.map((f) => f.settled)).then(() => false);
-    const late = sleep(Math.max(0, deadline - Date.now())).then(() => true);
-    expired = await Promise.race([answered, late]);
-    request = begin();
+// A timer at the module's next deadline, unless one is armed at or before it. A timer belongs
+// to the request that armed it (Workers run its callback in that request's context, and
+// another request may not clear it), so a later, sooner deadline arms one more rather than
+// moving the first; an early wake-up only finds nothing due.
+function arm(state, ctx) {
+  const at = state.edge.next_deadline();
+  if (at < 0 || state.timers.some((t) => t <= at)) return;
+  state.timers.push(at);
+  ctx.waitUntil(new Promise((done) => {
+    setTimeout(() => {
+      state.timers.splice(state.timers.indexOf(at), 1);
+      state.edge.timeout(Date.now());
+      pump(state, ctx);
+      done();
+    }, Math.max(0, at - Date.now()));
+  }));
+}
+
+// A reply as plain values, its Wasm object freed.
+function plain(reply) {
+  const { allowed, status, headers, body, by, limit, remaining, reset } = reply;
+  reply.free();
+  return { allowed, status, headers, body, by, limit, remaining, reset };
+}
+
+// A request through the module: its reply now, or once the gateway (or the deadline)
+// decides. A request that waits picks its reply up itself, on a timer of its own: were another
+// request to resolve a promise it awaits, its code after that could run in the other
+// request's context, and workerd refuses a request's I/O (its upstream fetch) from another's.
+async function decide(state, ctx, start) {
+  const id = (state.nextId = (state.nextId + 1) >>> 0);
+  const reply = start(id);
+  if (reply) {
+    pump(state, ctx);
+    return plain(reply);
   }
+  state.waiting.add(id);
+  pump(state, ctx);
   try {
-    if (expired) {
-      for (const g of [0, 1]) {
-        if (state.edge.call_body(request, g) !== undefined) state.edge.fail(request, g, Date.now());
+    for (;;) {
+      const decided = state.ready.get(id);
+      if (decided) return decided;
+      await sleep(POLL_MS);
+      const now = Date.now();
+      const due = state.edge.next_deadline();
+      if (due >= 0 && due <= now) {
+        state.edge.timeout(now);
+        pump(state, ctx);
       }
     }
-    await Promise.all([call(state, request, 0), call(state, request, 1)]);
-    return {
-      reply: state.edge.reply(request, Date.now()),
-      originFailed: request.origin_failed,
-    };
   } finally {
-    request.free();
+    state.waiting.delete(id);
+    state.ready.delete(id);
   }
 }
 
-// Sends accepted cost after the response, batched across the isolate's requests: the first
-// request after a replay schedules the next one in its own context (Workers keep a request's
-// I/O to itself) and the requests until then join it. After STRATA_REPLAY_DELAY_MS it sends
-// everything unacknowledged; replays carry cumulative counts, so two that overlap count once,
-// and a failed one leaves the counts for the next.
-function replaySoon(state, ctx) {
-  if (state.replayPending) return;
-  state.replayPending = true;
-  ctx.waitUntil(
-    (async () => {
-      await sleep(state.replayDelayMs);
-      state.replayPending = false; // later requests schedule the next replay
-      for (let batches = 0; batches < 64; batches++) {
-        const batch = state.edge.take_replay(Date.now(), 1000);
-        if (!batch) return;
-        try {
-          const { status, text } = await post(state, "/v1/origin/replay", batch.body);
-          if (!state.edge.ack_replay(batch, status, text)) {
-            log("warn", "gateway refused a replay", { status, body: text.slice(0, 200) });
-            return;
-          }
-        } catch (e) {
-          state.edge.ack_replay(batch, 0, "");
-          log("warn", "replay failed; the next one carries the same counts", { error: String(e.message || e) });
-          return;
-        } finally {
-          batch.free();
-        }
-      }
-    })(),
-  );
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 // The upstream URL of a pass: the upstream's origin with the request's path and query. The
@@ -249,15 +250,14 @@ function peerOf(request) {
   return typeof ip === "string" ? ip : undefined;
 }
 
-function sleep(ms) {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
 // Headers cross into and out of Wasm as one string, `name\nvalue\n` per header (a header
-// can hold no newline), so a request costs one copy each way.
-function headerText(headers) {
+// can hold no newline), so a request costs one copy each way; only the ones the rules read.
+function headerText(headers, names) {
   let text = "";
-  for (const [name, value] of headers) text += `${name}\n${value}\n`;
+  for (const name of names) {
+    const value = headers.get(name);
+    if (value !== null) text += `${name}\n${value}\n`;
+  }
   return text;
 }
 
@@ -272,18 +272,14 @@ async function proxy(request, env, ctx) {
   if (state.debug && new URL(request.url).pathname === "/__strata/stats") {
     return json(200, JSON.parse(state.edge.stats()));
   }
-  let decided;
+  let reply;
   try {
-    decided = await decide(state, () =>
-      state.edge.start(request.method, request.url, headerText(request.headers), peerOf(request), Date.now()),
+    reply = await decide(state, ctx, (id) =>
+      state.edge.start(id, request.method, request.url, headerText(request.headers, state.headerNames), peerOf(request), Date.now()),
     );
   } catch (e) {
     return errorResponse(400, "invalid_request", String(e.message || e));
   }
-  const { reply, originFailed } = decided;
-  if (reply.notice) log("warn", reply.notice);
-  replaySoon(state, ctx);
-  if (reply.shadow_denied) log("info", "shadow rule would deny", { rules: reply.shadow_denied });
   if (!reply.allowed) {
     const response = new Response(reply.body, { status: reply.status });
     response.headers.set("content-type", "application/json");
@@ -299,9 +295,9 @@ async function proxy(request, env, ctx) {
     log("warn", "upstream unreachable", { error: String(e.message || e) });
     return errorResponse(502, "upstream_unavailable", `the upstream could not be reached: ${e.message || e}`);
   }
+  if (!reply.headers) return upstream; // nothing to add: no copy of the response
   const response = new Response(upstream.body, upstream);
   setHeaders(response.headers, reply.headers);
-  if (state.debug && originFailed) response.headers.set("strata-origin", "unavailable");
   return response;
 }
 
@@ -322,10 +318,9 @@ export function withLimiters(limiters, handler) {
             if (typeof key !== "string" || key === "") {
               throw new TypeError(`${name}.limit: key must be a non-empty string`);
             }
-            const { reply } = await decide(state, () =>
-              state.edge.start_key(spec.namespace ?? name, key, spec.limit, spec.period * 1000, cost, Date.now()),
+            const reply = await decide(state, ctx, (id) =>
+              state.edge.start_key(id, spec.namespace ?? name, key, spec.limit, spec.period * 1000, cost, Date.now()),
             );
-            replaySoon(state, ctx);
             return { success: reply.allowed, limit: reply.limit, remaining: reply.remaining, reset: reply.reset };
           },
         };

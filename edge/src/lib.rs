@@ -1,20 +1,19 @@
 //! `strata-edge`: the Workers-style edge. JavaScript (`worker.mjs`) reads the clock, does the
-//! fetches and holds this object for the isolate's life; everything else is the core's
-//! [`Gate`] (rules, the request path, the reply) and its replay buffer. This crate only moves
-//! bytes between the two.
+//! fetches, arms one timer and holds this object for the isolate's life; the request path is
+//! the core's [`Driver`] (rules, coalescing, deadlines, failure modes, replay) over the
+//! isolate's table. This crate only moves values between the two.
 //!
-//! A request: [`Edge::start`] (or [`Edge::start_key`] in binding mode) → for each group with
-//! a call, [`Edge::call_body`] is POSTed to `/v1/origin/decide` and the answer handed to
-//! [`Edge::answer`] (or [`Edge::fail`]) → [`Edge::reply`]. After the response,
-//! [`Edge::take_replay`] → `/v1/origin/replay` → [`Edge::ack_replay`].
+//! An event goes in ([`Edge::start`], [`Edge::answer`], [`Edge::fail`], [`Edge::timeout`]),
+//! then JavaScript drains what came out: [`Edge::poll_transmit`] (a call to POST),
+//! [`Edge::poll_decision`] (a request that waited), [`Edge::poll_log`], and arms its timer for
+//! [`Edge::next_deadline`].
 
 mod view;
 
-use strata_core::gate::{Gate, Pending, Subject};
+use strata_core::driver::{Decided, Driver, DriverConfig, Started, TableStore};
+use strata_core::gate::{Gate, Subject};
 use strata_core::identity::identifier_for;
-use strata_core::replay::ReplayBatch;
-use strata_core::wire::{CellsResponse, DecideResponse};
-use strata_core::{CounterTable, TableConfig, WindowDuration};
+use strata_core::{TableConfig, WindowDuration};
 use wasm_bindgen::prelude::*;
 
 pub use view::JsRequest;
@@ -24,39 +23,20 @@ const LOCAL_WORKSPACE: &str = "edge";
 /// Largest number JavaScript holds exactly (2^53 - 1).
 const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
 
-/// What happened so far, for logs and the debug header.
-#[derive(Clone, Copy, Debug, Default)]
-struct Stats {
-    requests: u64,
-    origin_calls: u64,
-    origin_failures: u64,
-    replays: u64,
-    replay_failures: u64,
-    /// Requests a `remote_address` rule did not apply to: no trusted client address.
-    unaddressed: u64,
-}
-
-/// One isolate's limiter: rules, options, table, instance id.
+/// One isolate's limiter: the driver and the table it decides on.
 #[wasm_bindgen]
 #[derive(Debug)]
 pub struct Edge {
-    gate: Gate,
-    table: CounterTable,
-    instance: String,
-    stats: Stats,
+    driver: Driver,
+    store: TableStore,
 }
 
-/// A request between [`Edge::start`] and [`Edge::reply`].
-#[wasm_bindgen]
-#[derive(Debug)]
-pub struct EdgeRequest {
-    pending: Pending,
-}
-
-/// What to answer: status, headers, body; `log` names shadow rules that would have denied.
+/// What to answer a request: status, headers, body.
 #[wasm_bindgen(getter_with_clone)]
 #[derive(Debug)]
 pub struct EdgeReply {
+    /// The id JavaScript gave the request.
+    pub request: u32,
     /// Whether the request goes on (to the upstream, or `success` in binding mode).
     pub allowed: bool,
     /// `429` on a denial, else `200`.
@@ -65,43 +45,39 @@ pub struct EdgeReply {
     pub headers: String,
     /// The JSON body of a denial (empty on a pass).
     pub body: String,
-    /// Shadow rules that would have denied, comma-separated (empty if none).
-    pub shadow_denied: String,
+    /// Which path decided it: `local`, `origin` or `fallback` (the failure mode).
+    pub by: String,
     /// The binding's answer: the limit of the first enforced limit.
     pub limit: f64,
     /// What is left of it.
     pub remaining: f64,
     /// When its window ends (Unix ms).
     pub reset: f64,
-    /// A warning to log, once per isolate (empty otherwise): the first request a
-    /// `remote_address` rule could not apply to for want of a trusted client address.
-    pub notice: String,
 }
 
-#[wasm_bindgen]
-impl EdgeRequest {
-    /// Whether an origin call of this request failed (the failure mode decided it).
-    #[wasm_bindgen(getter)]
-    pub fn origin_failed(&self) -> bool {
-        self.pending.origin_failed
-    }
-}
-
-/// A replay batch in flight.
-#[wasm_bindgen]
+/// A call to the gateway: `POST path` with `body`, aborted after `timeout_ms`; its answer
+/// goes to [`Edge::answer`], a failure to [`Edge::fail`], with `call`.
+#[wasm_bindgen(getter_with_clone)]
 #[derive(Debug)]
-pub struct ReplayOut {
-    batch: ReplayBatch,
-    body: String,
+pub struct EdgeCall {
+    /// The call's id.
+    pub call: f64,
+    /// `/v1/origin/decide` or `/v1/origin/replay`.
+    pub path: String,
+    /// The JSON body.
+    pub body: String,
+    /// How long it may take.
+    pub timeout_ms: f64,
 }
 
-#[wasm_bindgen]
-impl ReplayOut {
-    /// The `/v1/origin/replay` body.
-    #[wasm_bindgen(getter)]
-    pub fn body(&self) -> String {
-        self.body.clone()
-    }
+/// A line for the log.
+#[wasm_bindgen(getter_with_clone)]
+#[derive(Debug)]
+pub struct EdgeLog {
+    /// `warn` or `info`.
+    pub level: String,
+    /// The line.
+    pub message: String,
 }
 
 /// Milliseconds from JavaScript, clamped to what the core takes.
@@ -125,7 +101,7 @@ fn count(x: f64, what: &str) -> Result<u64, JsError> {
     }
 }
 
-#[allow(clippy::cast_precision_loss)] // counts and Unix ms stay below 2^53
+#[allow(clippy::cast_precision_loss)] // counts, ids and Unix ms stay below 2^53
 fn js_number(x: u64) -> f64 {
     x as f64
 }
@@ -137,60 +113,123 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+fn reply(d: Decided) -> EdgeReply {
+    let first = d.first;
+    EdgeReply {
+        // The driver hands back the id JavaScript gave, which was a u32.
+        request: u32::try_from(d.request).unwrap_or(u32::MAX),
+        allowed: d.reply.allowed,
+        status: d.reply.status,
+        headers: d
+            .reply
+            .headers
+            .iter()
+            .fold(String::new(), |mut out, (k, v)| {
+                out.push_str(k);
+                out.push('\n');
+                out.push_str(v);
+                out.push('\n');
+                out
+            }),
+        body: d.reply.body.unwrap_or_default(),
+        by: d.by.as_str().to_string(),
+        limit: js_number(first.map_or(0, |d| d.limit)),
+        remaining: js_number(first.map_or(0, |d| d.remaining)),
+        reset: js_number(first.map_or(0, |d| d.reset_ms)),
+    }
+}
+
 #[wasm_bindgen]
 impl Edge {
-    /// An edge from the rules JSON (`{"rules": [...]}`), the options JSON (may be empty) and
-    /// the region name (the instance id's prefix). Throws an error naming the bad field.
+    /// An edge from the rules JSON (`{"rules": [...]}`), the options JSON (may be empty), the
+    /// region name (the instance id's prefix), the bound on a request's wait for the gateway
+    /// and how long accepted cost gathers before a replay. Throws an error naming the bad
+    /// field.
     #[wasm_bindgen(constructor)]
-    pub fn new(rules: &str, options: &str, region: &str) -> Result<Edge, JsError> {
+    pub fn new(
+        rules: &str,
+        options: &str,
+        region: &str,
+        timeout_ms: f64,
+        replay_delay_ms: f64,
+    ) -> Result<Edge, JsError> {
         let gate = Gate::from_json(LOCAL_WORKSPACE, rules, options)
             .map_err(|e| JsError::new(&e.to_string()))?;
-        let instance = strata_core::wire::instance_id(region, "edge", random_u64());
-        Ok(Edge {
+        let config = DriverConfig {
+            timeout_ms: count(timeout_ms, "timeout")?.max(1),
+            replay_interval_ms: count(replay_delay_ms, "replay delay")?.max(1),
+            unaddressed_counter: "/__strata/stats requests_unaddressed".to_string(),
+        };
+        let store = TableStore {
             table: gate.table(TableConfig::default(), random_u64()),
-            gate,
-            instance,
-            stats: Stats::default(),
+            instance: strata_core::wire::instance_id(region, "edge", random_u64()),
+        };
+        Ok(Edge {
+            driver: Driver::new(gate, config),
+            store,
         })
     }
 
     /// This isolate's random instance id.
     #[wasm_bindgen(getter)]
     pub fn instance(&self) -> String {
-        self.instance.clone()
+        self.store.instance.clone()
     }
 
-    /// Applies the rules to a request and begins its limits. `headers` is `name\nvalue\n` per
-    /// header, names in lower case. Throws (a client error, `400`) when a cost header is out of
-    /// bounds or a descriptor is too long.
+    /// The request headers the rules read, `name\n` each (with `host` when a rule matches
+    /// the host): the only ones [`start`](Self::start) needs, so JavaScript copies no other.
+    #[wasm_bindgen(getter)]
+    pub fn header_names(&self) -> String {
+        let reads = self.driver.gate().rules().reads();
+        let host = reads.host.then_some("host");
+        let names = reads.headers.iter().map(String::as_str);
+        host.into_iter()
+            .chain(names)
+            .fold(String::new(), |mut out, name| {
+                out.push_str(name);
+                out.push('\n');
+                out
+            })
+    }
+
+    /// A request arrives, `id` JavaScript's name for it: its reply if decided now, else
+    /// nothing (it comes out of [`poll_decision`](Self::poll_decision)). `headers` is
+    /// `name\nvalue\n` per header, names in lower case (those of
+    /// [`header_names`](Self::header_names) suffice). Throws (a client error, `400`) when a
+    /// cost header is out of bounds or a descriptor is too long.
     pub fn start(
         &mut self,
+        id: u32,
         method: &str,
         url: &str,
         headers: &str,
         peer: Option<String>,
         now_ms: f64,
-    ) -> Result<EdgeRequest, JsError> {
-        self.stats.requests += 1;
+    ) -> Result<Option<EdgeReply>, JsError> {
         let request = JsRequest::new(method, url, headers, peer.as_deref());
-        let pending = self
-            .gate
-            .start(&mut self.table, &request, whole(now_ms))
+        let started = self
+            .driver
+            .request(&mut self.store, u64::from(id), &request, whole(now_ms))
             .map_err(|e| JsError::new(&e.to_string()))?;
-        Ok(EdgeRequest { pending })
+        Ok(match started {
+            Started::Decided(d) => Some(reply(d)),
+            Started::Waiting => None,
+        })
     }
 
-    /// Binding mode: begins one limit on `key` (Cloudflare's `limit({ key, cost })`).
+    /// Binding mode: a request of one limit on `key` (Cloudflare's `limit({ key, cost })`),
+    /// as [`start`](Self::start).
+    #[allow(clippy::too_many_arguments)] // the binding's fields, as JavaScript has them
     pub fn start_key(
         &mut self,
+        id: u32,
         namespace: &str,
         key: &str,
         limit: f64,
         duration_ms: f64,
         cost: f64,
         now_ms: f64,
-    ) -> Result<EdgeRequest, JsError> {
-        self.stats.requests += 1;
+    ) -> Result<Option<EdgeReply>, JsError> {
         let duration = WindowDuration::from_ms(count(duration_ms, "period")?)
             .map_err(|e| JsError::new(&format!("period: {e}")))?;
         let subject = Subject {
@@ -202,142 +241,92 @@ impl Edge {
             cost: count(cost, "cost")?,
             shadow: false,
         };
-        let pending = self
-            .gate
-            .begin(&mut self.table, vec![subject], whole(now_ms))
+        let started = self
+            .driver
+            .request_limits(&mut self.store, u64::from(id), vec![subject], whole(now_ms))
             .map_err(|e| JsError::new(&e.message))?;
-        Ok(EdgeRequest { pending })
+        Ok(match started {
+            Started::Decided(d) => Some(reply(d)),
+            Started::Waiting => None,
+        })
     }
 
-    /// The `/v1/origin/decide` body of group `group` (0 enforced, 1 shadow), if it needs one.
-    pub fn call_body(&self, request: &EdgeRequest, group: usize) -> Option<String> {
-        let (_, call) = request.pending.calls().find(|(g, _)| *g == group)?;
-        serde_json::to_string(&call.to_wire(&self.instance)).ok()
+    /// The gateway answered call `call` with `status` and `body`.
+    pub fn answer(&mut self, call: f64, status: u16, body: &str, now_ms: f64) {
+        self.driver.answer(
+            &mut self.store,
+            whole(call),
+            status,
+            body.as_bytes(),
+            whole(now_ms),
+        );
     }
 
-    /// A name for group `group`'s call: requests whose calls share it wait for one answer.
-    pub fn call_key(&self, request: &EdgeRequest, group: usize) -> Option<String> {
-        let (_, call) = request.pending.calls().find(|(g, _)| *g == group)?;
-        let mut key = String::new();
-        for l in call.limits() {
-            let k = l.key.as_ref();
-            key.push_str(&format!(
-                "{}:{}:{}:{};",
-                k.namespace().len(),
-                k.namespace(),
-                k.duration().as_ms(),
-                k.identifier()
-            ));
-        }
-        Some(key)
+    /// Call `call` failed without an answer (`why`: the fetch's error).
+    pub fn fail(&mut self, call: f64, why: &str, now_ms: f64) {
+        self.driver
+            .fail(&mut self.store, whole(call), why, whole(now_ms));
     }
 
-    /// The gateway answered group `group`'s call with `status` and `body`. Anything but a
-    /// `200` with a decide answer that fits the call is a failure (decided per the mode);
-    /// returns whether the answer was taken.
-    pub fn answer(
-        &mut self,
-        request: &mut EdgeRequest,
-        group: usize,
-        status: u16,
-        body: &str,
-        now_ms: f64,
-    ) -> bool {
-        self.stats.origin_calls += 1;
-        let Some(response) = DecideResponse::from_answer(status, body.as_bytes()) else {
-            self.fail(request, group, now_ms);
-            return false;
-        };
-        request
-            .pending
-            .answer(&mut self.table, group, &response, whole(now_ms));
-        let taken = !request.pending.origin_failed;
-        if !taken {
-            self.stats.origin_failures += 1;
-        }
-        taken
+    /// The timer fired: calls past their deadline fail, a replay due is sent.
+    pub fn timeout(&mut self, now_ms: f64) {
+        self.driver.timeout(&mut self.store, whole(now_ms));
     }
 
-    /// Group `group`'s call failed (unreachable, timed out): decided per the failure mode.
-    pub fn fail(&mut self, request: &mut EdgeRequest, group: usize, now_ms: f64) {
-        self.stats.origin_failures += 1;
-        request.pending.fail(&mut self.table, group, whole(now_ms));
+    /// The request `id` is gone: its decision is not wanted.
+    pub fn cancel(&mut self, id: u32) {
+        self.driver.cancel(u64::from(id));
     }
 
-    /// The reply, once every call is answered or failed.
-    pub fn reply(&mut self, request: &EdgeRequest, now_ms: f64) -> EdgeReply {
-        let reply = request.pending.reply(self.gate.options(), whole(now_ms));
-        let mut notice = String::new();
-        if request.pending.unaddressed {
-            if self.stats.unaddressed == 0 {
-                let source = self.gate.rules().client_address();
-                notice = source.unaddressed_notice("/__strata/stats requests_unaddressed");
-            }
-            self.stats.unaddressed += 1;
-        }
-        let first = request
-            .pending
-            .decision(strata_core::gate::ENFORCED)
-            .and_then(|d| d.decisions.first().copied());
-        EdgeReply {
-            allowed: reply.allowed,
-            status: reply.status,
-            headers: reply.headers.iter().fold(String::new(), |mut out, (k, v)| {
-                out.push_str(k);
-                out.push('\n');
-                out.push_str(v);
-                out.push('\n');
-                out
-            }),
-            body: reply.body.unwrap_or_default(),
-            shadow_denied: reply.shadow_denied.join(","),
-            limit: js_number(first.map_or(0, |d| d.limit)),
-            remaining: js_number(first.map_or(0, |d| d.remaining)),
-            reset: js_number(first.map_or(0, |d| d.reset_ms)),
-            notice,
-        }
+    /// A call to send.
+    pub fn poll_transmit(&mut self) -> Option<EdgeCall> {
+        self.driver.poll_transmit().map(|t| EdgeCall {
+            call: js_number(t.call),
+            path: t.path.to_string(),
+            body: t.body,
+            timeout_ms: js_number(t.timeout_ms),
+        })
     }
 
-    /// Up to `max` cells of own counts the gateway has not acknowledged, as a batch to POST
-    /// to `/v1/origin/replay`; none when there is nothing to send.
-    pub fn take_replay(&mut self, now_ms: f64, max: usize) -> Option<ReplayOut> {
-        let batch = self.table.take_replay(max.max(1), whole(now_ms));
-        if batch.is_empty() {
-            return None;
-        }
-        let body = serde_json::to_string(&batch.to_wire(&self.instance)).ok()?;
-        Some(ReplayOut { batch, body })
+    /// The reply of a request that waited, once decided.
+    pub fn poll_decision(&mut self) -> Option<EdgeReply> {
+        self.driver.poll_decision().map(reply)
     }
 
-    /// The gateway answered a replay: merges the counts it returned. A failure needs nothing
-    /// (the next batch carries the same cumulative counts); returns whether it was taken.
-    pub fn ack_replay(&mut self, batch: &ReplayOut, status: u16, body: &str) -> bool {
-        match CellsResponse::from_answer(status, body.as_bytes(), batch.batch.len()) {
-            Some(response) => {
-                self.stats.replays += 1;
-                self.table.ack_replay(&batch.batch, &response.cells);
-                true
-            }
-            None => {
-                self.stats.replay_failures += 1;
-                false
-            }
-        }
+    /// A line to log.
+    pub fn poll_log(&mut self) -> Option<EdgeLog> {
+        self.driver.poll_log().map(|l| EdgeLog {
+            level: if l.warn { "warn" } else { "info" }.to_string(),
+            message: l.message,
+        })
     }
 
-    /// Counters as JSON: requests, origin calls and failures, replays, table entries.
+    /// When to call [`timeout`](Self::timeout) next (Unix ms), or -1: nothing waits for time.
+    pub fn next_deadline(&self) -> f64 {
+        self.driver.poll_timeout().map_or(-1.0, js_number)
+    }
+
+    /// Counters as JSON: requests and how each was decided, gateway calls, replays, table
+    /// entries.
     pub fn stats(&self) -> String {
-        let s = self.stats;
+        let s = self.driver.stats();
         serde_json::json!({
-            "instance": self.instance,
+            "instance": self.store.instance,
             "requests": s.requests,
+            "decided": {
+                "local": s.decided_local,
+                "origin": s.decided_origin,
+                "fallback": s.decided_fallback,
+            },
             "origin_calls": s.origin_calls,
             "origin_failures": s.origin_failures,
+            "coalesced": s.coalesced,
             "replays": s.replays,
             "replay_failures": s.replay_failures,
             "requests_unaddressed": s.unaddressed,
-            "entries": self.table.len(),
-            "unreplayed_cells": self.table.unreplayed_cells(),
+            "waiting": self.driver.waiting(),
+            "entries": self.store.table.len(),
+            "unreplayed_cells": self.store.table.unreplayed_cells(),
         })
         .to_string()
     }

@@ -52,6 +52,12 @@ pub trait Host {
     /// Writes a shared-data value if `cas` is still the key's token (unconditionally for a
     /// missing key: the host ignores the token then).
     fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+    /// Registers a shared queue for the current (root) context; its id.
+    fn register_queue(&self, name: &str) -> Option<u32>;
+    /// Puts an item on queue `queue`: its root context's `on_queue_ready` runs soon after.
+    fn enqueue(&self, queue: u32) -> bool;
+    /// Takes every item off queue `queue`.
+    fn drain_queue(&self, queue: u32);
 }
 
 /// proxy-wasm's host calls, as Envoy answers them.
@@ -150,6 +156,15 @@ mod envoy {
                 Status::CasMismatch => SetError::CasMismatch,
                 _ => SetError::Refused,
             })
+        }
+        fn register_queue(&self, name: &str) -> Option<u32> {
+            hostcalls::register_shared_queue(name).ok()
+        }
+        fn enqueue(&self, queue: u32) -> bool {
+            hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok()
+        }
+        fn drain_queue(&self, queue: u32) {
+            while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue) {}
         }
     }
 }

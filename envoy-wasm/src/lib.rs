@@ -1,8 +1,9 @@
 //! `strata-envoy`: Strata as an Envoy HTTP filter (proxy-wasm 0.2, `wasm32-wasip1`).
 //!
 //! The same decisions as the edge: the rules and the request path are `strata-core`'s
-//! ([`strata_core::gate`]); [`filter`] holds a VM's state and the callbacks' logic over a
-//! [`host::Host`], and the proxy-wasm glue below only routes Envoy's callbacks to it. The VMs
+//! ([`strata_core::driver`]); [`filter`] maps a VM's callbacks to the driver's events over a
+//! [`host::Host`], [`store`] keeps the window keys' states, and the proxy-wasm glue below only
+//! routes Envoy's callbacks to it and applies the decisions once the VM is released. The VMs
 //! of an Envoy (one per worker thread) share their window keys' states through shared data
 //! ([`shared`]), so the gateway sees one process; what finds no slot goes to the VM's own table.
 
@@ -15,6 +16,7 @@ pub mod filter;
 pub mod host;
 pub mod metrics;
 pub mod shared;
+pub mod store;
 
 #[cfg(target_arch = "wasm32")]
 mod glue {
@@ -25,7 +27,7 @@ mod glue {
     use proxy_wasm::types::{Action, ContextType, LogLevel};
 
     use crate::config::Config;
-    use crate::filter::{Verdict, Vm};
+    use crate::filter::{Settle, Verdict, Vm, apply};
     use crate::host::{Envoy, Host};
 
     proxy_wasm::main! {{
@@ -37,6 +39,19 @@ mod glue {
 
     type Shared = Rc<RefCell<Vm>>;
 
+    /// Runs `f` on the VM, then applies the decisions it made with the VM released: resuming
+    /// or answering a stream can call back into the VM at once. `current` is the context
+    /// the callback came to.
+    fn run<T>(vm: Option<&Shared>, current: u32, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
+        let (out, settled): (T, Vec<Settle>) = {
+            let mut vm = vm?.try_borrow_mut().ok()?;
+            let out = f(&mut vm);
+            (out, vm.take_settled())
+        };
+        apply(&Envoy, settled, current);
+        Some(out)
+    }
+
     struct Root {
         context_id: u32,
         vm: Option<Shared>,
@@ -44,9 +59,9 @@ mod glue {
 
     impl Context for Root {
         fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-            if let Some(Ok(mut vm)) = self.vm.as_ref().map(|v| v.try_borrow_mut()) {
-                vm.on_call_response(&Envoy, token, body_size);
-            }
+            run(self.vm.as_ref(), self.context_id, |vm| {
+                vm.on_call_response(&Envoy, token, body_size, true);
+            });
         }
     }
 
@@ -68,9 +83,11 @@ mod glue {
         }
 
         fn on_tick(&mut self) {
-            if let Some(Ok(mut vm)) = self.vm.as_ref().map(|v| v.try_borrow_mut()) {
-                vm.on_tick(&Envoy, self.context_id);
-            }
+            run(self.vm.as_ref(), self.context_id, |vm| vm.on_tick(&Envoy));
+        }
+
+        fn on_queue_ready(&mut self, _: u32) {
+            run(self.vm.as_ref(), self.context_id, |vm| vm.on_wake(&Envoy));
         }
 
         fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -92,15 +109,13 @@ mod glue {
 
     impl Stream {
         fn with<T>(&self, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
-            let vm = self.vm.as_ref()?;
-            let mut vm = vm.try_borrow_mut().ok()?;
-            Some(f(&mut vm))
+            run(self.vm.as_ref(), self.context_id, f)
         }
     }
 
     impl Context for Stream {
         fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-            self.with(|vm| vm.on_call_response(&Envoy, token, body_size));
+            self.with(|vm| vm.on_call_response(&Envoy, token, body_size, false));
         }
 
         fn on_done(&mut self) -> bool {

@@ -25,6 +25,8 @@ pub enum Metric {
     OriginCalls,
     /// Decision calls that failed (refused, error status, timeout).
     OriginFailures,
+    /// Requests that waited for a call another request on the same key had in flight.
+    Coalesced,
     /// Replay batches the gateway took.
     Replays,
     /// Replay batches that failed (their counts go with the next).
@@ -33,7 +35,7 @@ pub enum Metric {
     Unaddressed,
 }
 
-const ALL: [(Metric, &str); 12] = [
+const ALL: [(Metric, &str); 13] = [
     (Metric::Ok, "ok"),
     (Metric::RateLimited, "rate_limited"),
     (Metric::Enforced, "enforced"),
@@ -43,6 +45,7 @@ const ALL: [(Metric, &str); 12] = [
     (Metric::DecidedFallback, "decided.fallback"),
     (Metric::OriginCalls, "origin.calls"),
     (Metric::OriginFailures, "origin.failures"),
+    (Metric::Coalesced, "origin.coalesced"),
     (Metric::Replays, "replay.ok"),
     (Metric::ReplayFailures, "replay.failures"),
     (Metric::Unaddressed, "unaddressed"),

@@ -132,16 +132,17 @@ impl Slots {
         host.shared_set(&loaded.slot, &bytes, loaded.cas)
     }
 
-    /// Every slot's key and state, for the replay.
+    /// Every slot's number, key, bytes and token from slot `from` on, for the replay.
     pub fn scan<'h>(
         &self,
         host: &'h impl Host,
-    ) -> impl Iterator<Item = (String, Vec<u8>, Option<u32>)> + 'h {
-        (0..self.count).filter_map(move |n| {
+        from: usize,
+    ) -> impl Iterator<Item = (usize, String, Vec<u8>, Option<u32>)> + 'h {
+        (from..self.count).filter_map(move |n| {
             let slot = format!("strata.slot.{n}");
             let (bytes, cas) = host.shared_get(&slot);
             let bytes = bytes.filter(|b| !b.is_empty())?;
-            Some((slot, bytes, cas))
+            Some((n, slot, bytes, cas))
         })
     }
 }

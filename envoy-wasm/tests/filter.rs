@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use strata_envoy::config::Config;
-use strata_envoy::filter::{Verdict, Vm};
+use strata_envoy::filter::{Verdict, Vm, apply};
 use strata_envoy::host::{Host, SetError};
 use strata_envoy::metrics::Metrics;
 
@@ -43,6 +43,8 @@ struct Fake {
     /// doubles can hold the same map, like several VMs).
     shared: SharedData,
     random: Cell<u64>,
+    /// Wake-ups of the root context asked for and not yet delivered.
+    woken: Cell<u32>,
     /// Host calls made, of every kind.
     calls: Cell<u32>,
 }
@@ -154,9 +156,29 @@ impl Host for Fake {
         map.insert(key.to_string(), (value.to_vec(), token));
         Ok(())
     }
+    fn register_queue(&self, _: &str) -> Option<u32> {
+        self.calls.set(self.calls.get() + 1);
+        Some(1)
+    }
+    fn enqueue(&self, _: u32) -> bool {
+        self.calls.set(self.calls.get() + 1);
+        self.woken.set(self.woken.get() + 1);
+        true
+    }
+    fn drain_queue(&self, _: u32) {
+        self.calls.set(self.calls.get() + 1);
+    }
 }
 
 impl Fake {
+    /// Delivers the root context's wake-up, if one was asked for (Envoy's `on_queue_ready`).
+    fn wake(&self, vm: &mut Vm) {
+        if self.woken.replace(0) > 0 {
+            vm.on_wake(self);
+            settle(self, vm, 1);
+        }
+    }
+
     fn new() -> Self {
         let f = Self::default();
         f.now.set(NOW);
@@ -200,6 +222,26 @@ impl Fake {
     }
 }
 
+/// Applies the decisions the last callbacks made, as the glue does once the VM is released.
+fn settle(host: &Fake, vm: &mut Vm, current: u32) {
+    apply(host, vm.take_settled(), current);
+}
+
+/// A request callback with its decisions applied, and the root context woken for the calls
+/// it left (as Envoy does right after).
+fn request(host: &Fake, vm: &mut Vm, context: u32) -> Verdict {
+    let verdict = vm.on_request(host, context);
+    settle(host, vm, context);
+    host.wake(vm);
+    verdict
+}
+
+/// Whether a request went on: at once, or resumed once the root context settled it.
+fn admitted(host: &Fake, vm: &mut Vm, context: u32) -> bool {
+    let resumed = host.resumed.get();
+    request(host, vm, context) == Verdict::Continue || host.resumed.get() > resumed
+}
+
 fn vm(host: &Fake, extra: &str) -> Vm {
     let config = format!(
         r#"{{"gateway_cluster": "gw", "token": "t" {extra}, "rules": [{{"name": "per-key",
@@ -214,7 +256,7 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
     let host = Fake::new();
     let mut vm = vm(&host, "");
     host.request("alice");
-    assert_eq!(vm.on_request(&host, 7), Verdict::Pause);
+    assert_eq!(request(&host, &mut vm, 7), Verdict::Pause);
     let (path, body) = host.dispatched.borrow()[0].clone();
     assert_eq!(path, "/v1/origin/decide");
     assert_eq!(body["limits"][0]["identifier"], "key=alice");
@@ -224,7 +266,8 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
         "{instance}"
     );
     host.grant(3);
-    vm.on_call_response(&host, 1, 0);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
     vm.on_response(&host, 7);
     let added = host.added.borrow().clone();
@@ -237,7 +280,7 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
     assert_eq!(host.counter("strata.decided.origin"), 1);
     // The lease covers the next three: no call, no pause.
     for _ in 0..3 {
-        assert_eq!(vm.on_request(&host, 8), Verdict::Continue);
+        assert_eq!(request(&host, &mut vm, 8), Verdict::Continue);
     }
     assert_eq!(host.dispatched.borrow().len(), 1);
     assert_eq!(host.counter("strata.decided.local"), 3);
@@ -249,12 +292,13 @@ fn a_warm_request_makes_a_handful_of_host_calls() {
     let host = Fake::new();
     let mut vm = vm(&host, "");
     host.request("warm");
-    assert_eq!(vm.on_request(&host, 7), Verdict::Pause);
+    assert_eq!(request(&host, &mut vm, 7), Verdict::Pause);
     host.grant(100);
-    vm.on_call_response(&host, 1, 0);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
     vm.on_response(&host, 7);
     host.calls.set(0);
-    assert_eq!(vm.on_request(&host, 8), Verdict::Continue);
+    assert_eq!(request(&host, &mut vm, 8), Verdict::Continue);
     vm.on_response(&host, 8);
     let calls = host.calls.get();
     println!("host calls of a warm request: {calls}");
@@ -269,11 +313,8 @@ fn a_local_denial_is_one_local_reply_with_the_headers() {
     let mut vm = vm(&host, r#", "failure_mode": "local""#);
     host.request("bob");
     host.refuse_dispatch.set(true); // decided from memory: 5 pass, then denials
-    let verdicts: Vec<Verdict> = (0..7).map(|c| vm.on_request(&host, c)).collect();
-    assert_eq!(
-        verdicts.iter().filter(|v| **v == Verdict::Continue).count(),
-        5
-    );
+    let passed = (0..7).filter(|c| admitted(&host, &mut vm, *c)).count();
+    assert_eq!(passed, 5);
     let sent = host.sent.borrow();
     assert_eq!(sent.len(), 2, "one local reply per denied request");
     let (status, headers, body) = &sent[0];
@@ -305,9 +346,10 @@ fn error_statuses_and_nonsense_are_failures_decided_by_the_mode() {
         let host = Fake::new();
         let mut vm = vm(&host, r#", "failure_mode": "deny""#);
         host.request("carol");
-        assert_eq!(vm.on_request(&host, 3), Verdict::Pause);
+        assert_eq!(request(&host, &mut vm, 3), Verdict::Pause);
         *host.response.borrow_mut() = (status, body.as_bytes().to_vec());
-        vm.on_call_response(&host, 1, body.len());
+        vm.on_call_response(&host, 1, body.len(), true);
+        settle(&host, &mut vm, 1);
         assert_eq!(
             host.sent.borrow().len(),
             1,
@@ -323,18 +365,21 @@ fn the_tick_settles_requests_whose_call_outlived_the_timeout() {
     let host = Fake::new();
     let mut vm = vm(&host, r#", "timeout_ms": 200"#);
     host.request("dave");
-    assert_eq!(vm.on_request(&host, 11), Verdict::Pause);
+    assert_eq!(request(&host, &mut vm, 11), Verdict::Pause);
     host.now.set(NOW + 100);
-    vm.on_tick(&host, 1);
+    vm.on_tick(&host);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 0, "not yet");
     host.now.set(NOW + 250);
-    vm.on_tick(&host, 1);
+    vm.on_tick(&host);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1, "decided from memory and resumed");
     assert_eq!(host.context.get(), 1, "the root context is current again");
     assert_eq!(host.counter("strata.decided.fallback"), 1);
     // The late answer changes nothing.
     host.grant(3);
-    vm.on_call_response(&host, 1, 0);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
 }
 
@@ -343,13 +388,16 @@ fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
     let host = Fake::new();
     let mut vm = vm(&host, r#", "replay_interval_ms": 100"#);
     host.request("erin");
-    vm.on_request(&host, 5);
+    request(&host, &mut vm, 5);
     host.grant(3);
-    vm.on_call_response(&host, 1, 0);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
     for c in 0..3 {
-        assert_eq!(vm.on_request(&host, 20 + c), Verdict::Continue);
+        assert_eq!(request(&host, &mut vm, 20 + c), Verdict::Continue);
     }
-    vm.on_tick(&host, 1);
+    host.now.set(NOW + 100); // one replay interval after the cost was accepted
+    vm.on_tick(&host);
+    settle(&host, &mut vm, 1);
     let (path, body) = host.dispatched.borrow().last().unwrap().clone();
     assert_eq!(path, "/v1/origin/replay");
     assert_eq!(
@@ -357,10 +405,12 @@ fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
         "cumulative local passes: {body}"
     );
     *host.response.borrow_mut() = (200, br#"{"cells":[{"regional":4,"global":0}]}"#.to_vec());
-    vm.on_call_response(&host, 2, 0);
+    vm.on_call_response(&host, 2, 0, true);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.counter("strata.replay.ok"), 1);
     host.now.set(NOW + 200);
-    vm.on_tick(&host, 1);
+    vm.on_tick(&host);
+    settle(&host, &mut vm, 1);
     assert_eq!(host.dispatched.borrow().len(), 2, "nothing left to replay");
 }
 
@@ -375,7 +425,7 @@ fn a_bad_cost_header_gets_a_400_and_counts_nothing() {
         (":method".into(), "GET".into()),
         ("x-cost".into(), "9".into()),
     ];
-    assert_eq!(vm.on_request(&host, 1), Verdict::Pause);
+    assert_eq!(request(&host, &mut vm, 1), Verdict::Pause);
     let sent = host.sent.borrow();
     assert_eq!(sent[0].0, 400);
     assert!(sent[0].2.contains("x-cost"));
@@ -402,7 +452,7 @@ fn only_the_named_headers_are_read_and_any_bytes_key_a_limit_of_their_own() {
             .push(("x-other".into(), b"\x80\x81 not read".to_vec()));
         host.asked.borrow_mut().clear();
         let context = u32::try_from(i).unwrap() + 10;
-        assert_eq!(vm.on_request(&host, context), Verdict::Pause);
+        assert_eq!(request(&host, &mut vm, context), Verdict::Pause);
         assert_eq!(
             *host.asked.borrow(),
             ["x-api-key"],
@@ -475,7 +525,7 @@ fn two_vms_share_one_limit_while_the_gateway_is_away() {
         } else {
             (&mut b, &b_host)
         };
-        if vm.on_request(host, 100 + i) == Verdict::Continue {
+        if admitted(host, vm, 100 + i) {
             passed += 1;
         }
     }
@@ -490,8 +540,8 @@ fn two_vms_share_one_limit_while_the_gateway_is_away() {
     b_host.now.set(NOW + 1_000);
     a_host.request("grace");
     b_host.request("heidi");
-    a.on_request(&a_host, 1);
-    b.on_request(&b_host, 2);
+    request(&a_host, &mut a, 1);
+    request(&b_host, &mut b, 2);
     let ia = a_host.dispatched.borrow()[0].1["instance"].clone();
     let ib = b_host.dispatched.borrow()[0].1["instance"].clone();
     assert_eq!(ia, ib);
@@ -504,18 +554,23 @@ fn only_the_lease_holder_replays_the_shared_slots() {
     let b_host = sibling(&a_host);
     let mut b = vm(&b_host, r#", "replay_interval_ms": 100"#);
     a_host.request("ivan");
-    a.on_request(&a_host, 5);
+    request(&a_host, &mut a, 5);
     a_host.grant(3);
-    a.on_call_response(&a_host, 1, 0);
+    a.on_call_response(&a_host, 1, 0, true);
+    settle(&a_host, &mut a, 1);
     b_host.request("ivan");
     assert_eq!(
-        b.on_request(&b_host, 6),
+        request(&b_host, &mut b, 6),
         Verdict::Continue,
         "b uses a's lease"
     );
     assert!(b_host.dispatched.borrow().is_empty());
-    a.on_tick(&a_host, 1);
-    b.on_tick(&b_host, 1);
+    a_host.now.set(NOW + 100);
+    b_host.now.set(NOW + 100);
+    a.on_tick(&a_host);
+    settle(&a_host, &mut a, 1);
+    b.on_tick(&b_host);
+    settle(&b_host, &mut b, 1);
     let replays = |h: &Fake| {
         h.dispatched
             .borrow()
@@ -537,14 +592,66 @@ fn a_slot_held_by_another_live_key_sends_the_request_to_the_vms_table() {
     let mut vm = vm(&host, r#", "shared_slots": 1, "failure_mode": "local""#);
     host.refuse_dispatch.set(true);
     host.request("judy");
-    assert_eq!(vm.on_request(&host, 1), Verdict::Continue);
+    assert!(admitted(&host, &mut vm, 1));
     host.request("kim"); // the one slot holds judy's unreplayed pass
     for c in 0..5 {
-        assert_eq!(vm.on_request(&host, 2 + c), Verdict::Continue);
+        assert!(admitted(&host, &mut vm, 2 + c));
     }
     assert_eq!(
-        vm.on_request(&host, 9),
+        request(&host, &mut vm, 9),
         Verdict::Pause,
         "kim's limit holds in the table"
     );
+}
+
+#[test]
+fn concurrent_requests_on_a_cold_key_wait_for_one_call_and_are_all_settled() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "timeout_ms": 200"#);
+    host.request("zed");
+    for c in 0..8 {
+        assert_eq!(request(&host, &mut vm, 30 + c), Verdict::Pause);
+    }
+    assert_eq!(host.dispatched.borrow().len(), 1, "one call for eight");
+    assert_eq!(host.counter("strata.origin.coalesced"), 7);
+    // The gateway counts one and lends four: five go on, and the count the VM now holds
+    // (5 of 5) denies the other three from memory.
+    host.grant(4);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
+    assert_eq!(host.resumed.get(), 5);
+    assert_eq!(host.dispatched.borrow().len(), 1);
+    assert_eq!(
+        host.context.get(),
+        1,
+        "the callback's context is current again"
+    );
+    let sent = host.sent.borrow();
+    assert_eq!(sent.len(), 3);
+    assert!(sent.iter().all(|(status, _, _)| *status == 429));
+}
+
+#[test]
+fn calls_are_dispatched_from_the_root_context_a_stream_wakes() {
+    let host = Fake::new();
+    let mut vm = vm(&host, "");
+    host.request("root");
+    // Envoy cancels a call with the context that made it: a stream's callback only wakes the
+    // root context, which sends the call and gets its answer, whatever happens to the stream.
+    assert_eq!(vm.on_request(&host, 7), Verdict::Pause);
+    assert!(host.dispatched.borrow().is_empty());
+    assert_eq!(host.woken.get(), 1);
+    assert_eq!(vm.on_request(&host, 8), Verdict::Pause);
+    assert_eq!(host.woken.get(), 1, "one wake-up for what is waiting");
+    host.wake(&mut vm);
+    assert_eq!(
+        host.dispatched.borrow().len(),
+        1,
+        "one call: the second joined it"
+    );
+    vm.on_done(7); // the first client hangs up: its call still settles the second
+    host.grant(3);
+    vm.on_call_response(&host, 1, 0, true);
+    settle(&host, &mut vm, 1);
+    assert_eq!(host.resumed.get(), 1);
 }

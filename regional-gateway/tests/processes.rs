@@ -255,6 +255,82 @@ async fn quiet_keys_are_replayed_about_once_a_second_and_nothing_is_lost() {
     }
 }
 
+/// One request of the conformance table through the gateway's API (on a key of `limit`):
+/// whether it was admitted.
+async fn conformance_limit(
+    http: reqwest::Client,
+    base: String,
+    key: String,
+    limit: u64,
+) -> Result<bool, String> {
+    let limit = json!({"namespace": "conformance", "identifier": key,
+        "limit": limit, "duration": 86_400_000});
+    let r = http
+        .post(format!("{base}/v1/ratelimit"))
+        .json(&limit)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let body: Value = r.json().await.map_err(|e| e.to_string())?;
+    body["success"]
+        .as_bool()
+        .ok_or(format!("no decision: {body}"))
+}
+
+/// The conformance table's rows with the origin up, through a gateway process: a burst on a
+/// cold key makes one Redis decision, and what the gateway admitted from memory while its
+/// Redis was down reaches Redis once it is back, with no request to carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_after() {
+    let http = reqwest::Client::new();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", "250ms"]);
+    g.ready(&http).await;
+    let base = g.base.clone();
+    let send = |limit: u64| {
+        let (http, base) = (http.clone(), base.clone());
+        move |key| conformance_limit(http.clone(), base.clone(), key, limit)
+    };
+    let calls = || async {
+        let text = common::metrics(&http, &base).await;
+        let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
+        let calls = common::metric_sum(&text, decide) as u64;
+        calls
+    };
+    let tag = std::process::id();
+    let runtime = "gateway, Redis up";
+    let burst = send(common::conformance::BURST_LIMIT);
+    common::conformance::one_call(runtime, &format!("burst-{tag}"), burst, calls).await;
+
+    redis.stop();
+    let key = format!("outage-{tag}");
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let day = u64::try_from(since.unwrap().as_millis()).unwrap() / 86_400_000;
+    let mut admitted = 0;
+    let send = send(common::conformance::LIMIT);
+    for _ in 0..common::conformance::REQUESTS {
+        admitted += u64::from(send(key.clone()).await.unwrap());
+    }
+    redis.restart();
+    let count = || async {
+        let cell = json!({"cells": [{"namespace": "conformance", "identifier": key,
+            "duration": 86_400_000, "sequence": day}]});
+        let r = http
+            .post(format!("{base}/v1/origin/read"))
+            .json(&cell)
+            .send()
+            .await;
+        let body: Value = match r {
+            Ok(r) if r.status() == 200 => r.json().await.unwrap_or_default(),
+            _ => Value::Null, // the breaker may still be open
+        };
+        body["cells"][0]["regional"].as_u64().unwrap_or(0)
+    };
+    common::conformance::replayed_after_outage("gateway, Redis", admitted, count).await;
+}
+
 /// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
 /// port nothing listens on, or one that never answers: each mode as named, no answer slower
 /// than the origin timeout and a little.
@@ -266,7 +342,12 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
         .iter()
         .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
     {
-        let url = format!("redis://127.0.0.1:{port}");
+        let url = match outage {
+            common::conformance::Outage::NoEndpoints => {
+                format!("redis://{}:6379", common::conformance::NO_ENDPOINTS)
+            }
+            _ => format!("redis://127.0.0.1:{port}"),
+        };
         let g = GatewayProcess::start(&[
             "--redis-url",
             &url,
@@ -288,21 +369,12 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
         let (client, base) = (http.clone(), g.base.clone());
         let runtime = format!("gateway, Redis {outage:?}");
         common::conformance::check(&runtime, mode, 250, move |key| {
-            let (http, base) = (client.clone(), base.clone());
-            async move {
-                let limit = json!({"namespace": "conformance", "identifier": key,
-                    "limit": common::conformance::LIMIT, "duration": 86_400_000});
-                let r = http
-                    .post(format!("{base}/v1/ratelimit"))
-                    .json(&limit)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let body: Value = r.json().await.map_err(|e| e.to_string())?;
-                body["success"]
-                    .as_bool()
-                    .ok_or(format!("no decision: {body}"))
-            }
+            conformance_limit(
+                client.clone(),
+                base.clone(),
+                key,
+                common::conformance::LIMIT,
+            )
         })
         .await;
         let text = common::metrics(&http, &g.base).await;

@@ -1,13 +1,16 @@
 //! A Wasm shell's warm request, natively: the rules applied to a request, its limit decided
 //! from a lease, and the reply's headers built (`Gate::start` + `Pending::reply`), the work the
 //! edge's Wasm module does per request besides moving strings across the JavaScript boundary.
-//! Also with a 4,000-byte key, keyed by its digest. Run: `cargo bench -p strata-core --bench gate`.
+//! Also with a 4,000-byte key, keyed by its digest; and the same warm request through the
+//! driver the shells run (`Driver::request`: the path above, plus its bookkeeping). Run:
+//! `cargo bench -p strata-core --bench gate`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: a panic is the report
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use strata_core::driver::{Driver, DriverConfig, Started, TableStore};
 use strata_core::gate::{Gate, GateOptions};
 use strata_core::rules::RequestView;
 use strata_core::wire::MAX_COUNT;
@@ -78,5 +81,38 @@ fn gate_request(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, gate_request);
+fn driver_request(c: &mut Criterion) {
+    let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000000,
+        "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
+        "descriptor_key": "key"}}]}]}"#;
+    let gate = Gate::from_json("edge", rules, "").unwrap();
+    let mut store = TableStore {
+        table: CounterTable::new(TableConfig::default(), 0x5eed),
+        instance: "edge-1".into(),
+    };
+    let hour = WindowDuration::from_ms(3_600_000).unwrap();
+    let key = WindowKeyRef::new("edge", "bench", "key=warm-key", hour).unwrap();
+    support::warm(&mut store.table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
+    let config = DriverConfig {
+        timeout_ms: 250,
+        replay_interval_ms: 50,
+        unaddressed_counter: String::new(),
+    };
+    let mut driver = Driver::new(gate, config);
+    let warm = Req(b"warm-key".to_vec());
+    let mut id = 0;
+    c.bench_function("driver/warm_request", |b| {
+        b.iter(|| {
+            id += 1;
+            let started = driver.request(&mut store, id, &warm, NOW_MS).unwrap();
+            let Started::Decided(d) = started else {
+                panic!("a warm key is decided from memory");
+            };
+            assert!(d.reply.allowed);
+            black_box(d)
+        });
+    });
+}
+
+criterion_group!(benches, gate_request, driver_request);
 criterion_main!(benches);

@@ -1,5 +1,7 @@
-//! The request path of a Wasm shell (the Workers edge, the Envoy filter): rules applied to a
-//! request, its limits begun on the shell's table, origin answers merged, and the reply built.
+//! The rule layer of a Wasm shell (the Workers edge, the Envoy filter): rules applied to a
+//! request ([`Gate::subjects`]), its limits keyed ([`Gate::group_limits`]), and the reply built
+//! ([`Pending::reply`]). The shells run it through [`crate::driver`]; [`Gate::start`] runs it
+//! on a table directly, with the calls answered or failed by hand (tests and benchmarks).
 //!
 //! Enforced limits are one all-or-nothing decision; shadow limits are another, so a shadow
 //! rule never changes whether the request passes (it is counted and reported only). Each
@@ -22,8 +24,7 @@ use crate::address::ClientAddress;
 use crate::decision::{Decision, MultiDecision};
 use crate::headers::{Field, HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
-use crate::origin::OriginPolicy;
-use crate::request::{self, Begin, FailureMode, OriginCall, States};
+use crate::request::{Begin, FailureMode, OriginCall};
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
 use crate::table::{CounterTable, LimitRequest, TableConfig};
 use crate::window::WindowDuration;
@@ -332,13 +333,8 @@ fn s_name(subjects: &[Subject], shadow: bool) -> String {
 }
 
 impl Pending {
-    /// A request whose groups a shell began itself, over states it keeps elsewhere (Envoy's
-    /// shared data): `None` for a group without limits.
-    pub fn from_begun(
-        subjects: Vec<Subject>,
-        enforced: Option<Begin>,
-        shadow: Option<Begin>,
-    ) -> Self {
+    /// A request whose groups were begun on a table (`None`: a group without limits).
+    fn from_begun(subjects: Vec<Subject>, enforced: Option<Begin>, shadow: Option<Begin>) -> Self {
         let fell_back = [&enforced, &shadow]
             .iter()
             .any(|b| matches!(b, Some(Begin::Fallback(_))));
@@ -355,43 +351,21 @@ impl Pending {
         }
     }
 
-    /// [`answer`](Self::answer) over states a shell keeps elsewhere (the call's limits in
-    /// order); `policy` is the origin policy its table would use.
-    pub fn answer_on<S: States>(
-        &mut self,
-        states: &mut S,
-        g: usize,
-        response: &DecideResponse,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) {
-        let Some(Group::Calling(call)) = self.groups.get(g) else {
-            return;
-        };
-        let decided = match call.answers(response) {
-            Ok(answers) => request::finish(states, call, &answers, now_ms),
-            Err(_) => {
-                self.origin_failed = true;
-                request::fail(states, call, now_ms, policy)
-            }
-        };
-        self.settle(g, Ok::<_, core::convert::Infallible>(decided));
-    }
-
-    /// [`fail`](Self::fail) over states a shell keeps elsewhere.
-    pub fn fail_on<S: States>(
-        &mut self,
-        states: &mut S,
-        g: usize,
-        now_ms: u64,
-        policy: &OriginPolicy,
-    ) {
-        let Some(Group::Calling(call)) = self.groups.get(g) else {
-            return;
-        };
-        self.origin_failed = true;
-        let decided = request::fail(states, call, now_ms, policy);
-        self.settle(g, Ok::<_, core::convert::Infallible>(decided));
+    /// A request whose groups are decided (`None`: a group without limits), for the reply.
+    pub fn settled(
+        subjects: Vec<Subject>,
+        groups: [Option<MultiDecision>; 2],
+        origin_failed: bool,
+        unaddressed: bool,
+    ) -> Self {
+        let group = |d: Option<MultiDecision>| d.map_or(Group::Empty, Group::Decided);
+        let [enforced, shadow] = groups;
+        Self {
+            subjects,
+            groups: [group(enforced), group(shadow)],
+            origin_failed,
+            unaddressed,
+        }
     }
 
     /// The origin calls still to make, with their group.

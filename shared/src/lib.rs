@@ -23,6 +23,7 @@
 //! | [`slab`] | the table's storage: slots, hash index, CLOCK eviction |
 //! | [`rules`] | the rule model of the Wasm shells: match a request, build its identifier |
 //! | [`gate`] | a Wasm shell's request path: rules → limits → origin calls → the reply |
+//! | [`driver`] | the request path as events in, actions polled out: coalescing, deadlines, replay |
 //! | [`gcounter`] | the global G-Counter, own/foreign imports and the publish policy |
 //! | [`headers`] | `RateLimit-Policy`, `RateLimit`, `Retry-After`, `X-RateLimit-*` values |
 //! | [`wire`] | the JSON types of gateway API v1 and their validation |
@@ -99,6 +100,7 @@ extern crate alloc;
 pub mod address;
 pub mod cell;
 pub mod decision;
+pub mod driver;
 pub mod gate;
 pub mod gcounter;
 pub mod headers;

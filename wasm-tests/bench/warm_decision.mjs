@@ -1,5 +1,6 @@
-// The cost of one warm decision inside the edge's Wasm module, under Node: `start` + `reply`
-// on a key whose lease covers it, as worker.mjs calls them (headers crossing as strings).
+// The cost of one warm decision inside the edge's Wasm module, under Node: `start` on a key
+// whose lease covers it, and the reply's fields read, as worker.mjs does (headers crossing
+// as strings).
 //   node wasm-tests/bench/warm_decision.mjs [edge/dist]
 import { readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
@@ -10,33 +11,36 @@ initSync({ module: readFileSync(join(dist, "strata_edge_bg.wasm")) });
 
 const rules = JSON.stringify({ rules: [{ name: "per-key", namespace: "bench", limit: 1e12,
   duration: "1h", actions: [{ request_headers: { header_name: "x-api-key", descriptor_key: "key" } }] }] });
-const edge = new Edge(rules, "", "bench");
+const edge = new Edge(rules, "", "bench", 250, 50);
 const headers = "accept\n*/*\nuser-agent\nbench/1\nx-api-key\nwarm-key\n";
 const now = Date.now();
 
 // Cold: the gateway's answer, written by hand, lends the whole limit.
-const cold = edge.start("GET", "https://example.com/api/items", headers, undefined, now);
-const call = JSON.parse(edge.call_body(cold, 0));
+if (edge.start(1, "GET", "https://example.com/api/items", headers, undefined, now)) {
+  throw new Error("a cold key is decided by the gateway");
+}
+const out = edge.poll_transmit();
+const call = JSON.parse(out.body);
 const seq = Math.floor(now / 3_600_000);
 const result = { success: true, limit: 1e12, remaining: 1e12 - 1, reset: (seq + 1) * 3_600_000,
   sequence: seq, current: { regional: 1, global: 0 }, previous: { regional: 0, global: 0 },
   used: 0, lease: 1e12 - 1, lease_id: 1, lease_ms: 3_600_000 };
-edge.answer(cold, 0, 200, JSON.stringify({ success: true, sequence: seq, results: [result] }), now);
-cold.free();
+edge.answer(out.call, 200, JSON.stringify({ success: true, sequence: seq, results: [result] }), now);
+out.free();
+edge.poll_decision().free();
 if (call.limits[0].identifier !== "key=warm-key") throw new Error("unexpected call");
 
 function run(n) {
   const t0 = process.hrtime.bigint();
   for (let i = 0; i < n; i++) {
-    const r = edge.start("GET", "https://example.com/api/items", headers, undefined, now);
-    const reply = edge.reply(r, now);
-    if (!reply.allowed) throw new Error("denied");
+    const reply = edge.start(i + 2, "GET", "https://example.com/api/items", headers, undefined, now);
+    const { allowed, headers: out } = reply;
+    if (!allowed || out === undefined) throw new Error("denied");
     reply.free();
-    r.free();
   }
   return Number(process.hrtime.bigint() - t0) / n;
 }
 run(20_000); // warm up
 const samples = [run(100_000), run(100_000), run(100_000)].sort((a, b) => a - b);
-console.log(`warm decision in the wasm module (start + reply, node ${process.version}): ` +
+console.log(`warm decision in the wasm module (start, reply read, node ${process.version}): ` +
   `${samples[1].toFixed(0)} ns median of 3 runs of 100000 (min ${samples[0].toFixed(0)}, max ${samples[2].toFixed(0)})`);

@@ -1,7 +1,8 @@
 //! What the edge adds to a request, in workerd on loopback: the same upstream reached through
 //! a pass-through Worker and through the Strata edge (a warm key far from its limit), measured
-//! in the same run with interleaved sequential requests; then the bundle's size and the cost
-//! of one warm decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
+//! in the same run with interleaved sequential requests, then in alternating rounds of
+//! `CONNECTIONS` requests in flight (requests/s, p50, p99); then the bundle's size and the
+//! cost of one warm decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
 //!
 //!     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
 //!     cargo bench -p strata-wasm-tests --bench edge_latency
@@ -11,13 +12,56 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::process::GatewayProcess;
 use common::upstream::Upstream;
 use common::workerd::Workerd;
 
 const REQUESTS: usize = 5_000;
+/// Requests in flight in a throughput round.
+const CONNECTIONS: usize = 8;
+/// How long a throughput round lasts.
+const ROUND: Duration = Duration::from_secs(4);
+
+/// One throughput round against `base`: `CONNECTIONS` clients sending one request after
+/// another for `ROUND`; requests/s and the sorted latencies.
+async fn round(http: &reqwest::Client, base: &str) -> Result<(f64, Vec<Duration>), String> {
+    let started = Instant::now();
+    let deadline = started + ROUND;
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let (http, url) = (http.clone(), format!("{base}/items"));
+            tokio::spawn(async move {
+                let mut times = Vec::new();
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    let r = http
+                        .get(&url)
+                        .header("x-api-key", "warm-key")
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status();
+                    let body = r.text().await.unwrap();
+                    if status != 200 {
+                        return Err(format!("{url}: {status} {body}"));
+                    }
+                    times.push(t0.elapsed());
+                }
+                Ok(times)
+            })
+        })
+        .collect();
+    let mut times = Vec::new();
+    for c in clients {
+        times.extend(c.await.unwrap()?);
+    }
+    times.sort();
+    #[allow(clippy::cast_precision_loss)] // a request count
+    let rate = times.len() as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, times))
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -51,8 +95,9 @@ async fn main() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 200, "{}", edge.log());
-        r.bytes().await.unwrap();
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, 200, "{body}\n{}", edge.log());
         if i >= 1_000 {
             times[which].push(t0.elapsed()); // the first 500 of each warm up
         }
@@ -79,6 +124,29 @@ async fn main() {
         common::percentile_us(e, 0.5) - common::percentile_us(p, 0.5),
         common::percentile_us(e, 0.99) - common::percentile_us(p, 0.99)
     );
+    println!(
+        "throughput, {CONNECTIONS} requests in flight, alternating rounds of {} s:",
+        ROUND.as_secs()
+    );
+    for n in 1..=3 {
+        let rounds = (
+            round(&http, &plain.base).await,
+            round(&http, &edge.base).await,
+        );
+        let (Ok((pr, pt)), Ok((er, et))) = rounds else {
+            panic!("{rounds:?}\n{}\n{}", plain.log(), edge.log());
+        };
+        println!(
+            "  round {n}: pass-through {pr:6.0} req/s p50 {:5.0} us p99 {:5.0} us | strata edge \
+             {er:6.0} req/s p50 {:5.0} us p99 {:5.0} us | {:.2}x, p99 {:+.0} us",
+            common::percentile_us(&pt, 0.5),
+            common::percentile_us(&pt, 0.99),
+            common::percentile_us(&et, 0.5),
+            common::percentile_us(&et, 0.99),
+            er / pr,
+            common::percentile_us(&et, 0.99) - common::percentile_us(&pt, 0.99),
+        );
+    }
     let dist = common::root().join("edge/dist");
     let wasm = std::fs::metadata(dist.join("strata_edge_bg.wasm"))
         .unwrap()

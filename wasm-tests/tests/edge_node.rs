@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
 
 use serde_json::{Value, json};
-use strata_edge::{Edge, EdgeReply, EdgeRequest};
+use strata_edge::{Edge, EdgeCall, EdgeReply};
 use wasm_bindgen::JsValue;
 use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -29,13 +29,14 @@ fn rules(limit: u64) -> String {
 }
 
 fn edge(limit: u64, options: &str) -> Edge {
-    Edge::new(&rules(limit), options, "test").unwrap()
+    Edge::new(&rules(limit), options, "test", 250.0, 50.0).unwrap()
 }
 
 /// A request from `ip` as workerd reports the connection (`request.cf.clientIp`, with port);
-/// the X-Forwarded-For a client wrote is not the address.
-fn start(edge: &mut Edge, path: &str, ip: &str) -> EdgeRequest {
+/// the X-Forwarded-For a client wrote is not the address. Its reply, if decided at once.
+fn start(edge: &mut Edge, id: u32, path: &str, ip: &str) -> Option<EdgeReply> {
     edge.start(
+        id,
         "GET",
         &format!("https://example.com{path}"),
         "x-forwarded-for\n6.6.6.6\n",
@@ -44,6 +45,14 @@ fn start(edge: &mut Edge, path: &str, ip: &str) -> EdgeRequest {
     )
     .map_err(JsValue::from)
     .unwrap()
+}
+
+fn calls(edge: &mut Edge) -> Vec<EdgeCall> {
+    std::iter::from_fn(|| edge.poll_transmit()).collect()
+}
+
+fn decisions(edge: &mut Edge) -> Vec<EdgeReply> {
+    std::iter::from_fn(|| edge.poll_decision()).collect()
 }
 
 /// The gateway's answer to a call: every limit passes with `lease` to spend locally.
@@ -73,9 +82,14 @@ fn header<'a>(reply: &'a EdgeReply, name: &str) -> Option<&'a str> {
 #[wasm_bindgen_test]
 fn a_matching_request_calls_the_gateway_once_per_group_and_its_answer_decides() {
     let mut e = edge(10, "");
-    let mut r = start(&mut e, "/api/users", "203.0.113.9");
-    let body = e.call_body(&r, 0).expect("a cold key goes to the gateway");
-    let call: Value = serde_json::from_str(&body).unwrap();
+    assert!(start(&mut e, 1, "/api/users", "203.0.113.9").is_none());
+    let sent = calls(&mut e);
+    assert_eq!(sent.len(), 2, "the enforced group and the shadow group");
+    assert!(
+        sent.iter()
+            .all(|c| c.path == "/v1/origin/decide" && c.timeout_ms == 250.0)
+    );
+    let call: Value = serde_json::from_str(&sent[0].body).unwrap();
     assert_eq!(
         call["limits"][0]["identifier"],
         "remote_address=203.0.113.9"
@@ -85,26 +99,51 @@ fn a_matching_request_calls_the_gateway_once_per_group_and_its_answer_decides() 
         "a new key asks for the whole limit"
     );
     assert!(call["instance"].as_str().unwrap().starts_with("test-"));
-    let shadow = e.call_body(&r, 1).expect("the shadow rule is its own call");
-    assert!(e.answer(&mut r, 0, 200, &granted(&body, 5), NOW));
-    assert!(e.answer(&mut r, 1, 200, &granted(&shadow, 0), NOW));
-    let reply = e.reply(&r, NOW);
+    e.answer(sent[0].call, 200, &granted(&sent[0].body, 5), NOW);
+    assert!(
+        decisions(&mut e).is_empty(),
+        "the shadow group is still out"
+    );
+    e.answer(sent[1].call, 200, &granted(&sent[1].body, 0), NOW);
+    let replies = decisions(&mut e);
+    let reply = &replies[0];
+    assert_eq!((reply.request, reply.by.as_str()), (1, "origin"));
     assert!(reply.allowed);
     assert_eq!(
-        header(&reply, "ratelimit-policy"),
+        header(reply, "ratelimit-policy"),
         Some("\"per-ip\";q=10;w=60")
     );
-    assert_eq!(header(&reply, "ratelimit"), Some("\"per-ip\";r=9;t=10"));
+    assert_eq!(header(reply, "ratelimit"), Some("\"per-ip\";r=9;t=10"));
     assert!(
-        header(&reply, "strata-shadow")
+        header(reply, "strata-shadow")
             .unwrap()
             .starts_with("\"trial\";")
     );
 
-    // The lease decides the next requests from memory: no call.
-    let r = start(&mut e, "/api/users", "203.0.113.9");
-    assert!(e.call_body(&r, 0).is_none());
-    assert!(e.reply(&r, NOW).allowed);
+    // The lease decides the next request from memory, and the shadow rule's count (1 of 1)
+    // denies it there: no call.
+    let reply = start(&mut e, 2, "/api/users", "203.0.113.9").expect("decided from memory");
+    assert_eq!((reply.allowed, reply.by.as_str()), (true, "local"));
+    assert!(calls(&mut e).is_empty());
+}
+
+#[wasm_bindgen_test]
+fn concurrent_requests_on_a_cold_key_wait_for_one_call() {
+    let mut e = edge(100, "");
+    for id in 0..8 {
+        assert!(start(&mut e, id, "/api/a", "192.0.2.50").is_none());
+    }
+    let sent = calls(&mut e);
+    assert_eq!(sent.len(), 2, "one call per group for eight requests");
+    for c in &sent {
+        e.answer(c.call, 200, &granted(&c.body, 50), NOW);
+    }
+    let replies = decisions(&mut e);
+    assert_eq!(replies.len(), 8);
+    assert!(replies.iter().all(|r| r.allowed));
+    let stats: Value = serde_json::from_str(&e.stats()).unwrap();
+    assert_eq!(stats["origin_calls"], 2);
+    assert_eq!(stats["coalesced"], 14);
 }
 
 #[wasm_bindgen_test]
@@ -112,15 +151,16 @@ fn a_request_no_rule_matches_passes_without_headers_or_calls() {
     let mut e = edge(10, r#"{"headers_on_pass": true}"#);
     let rules_without_shadow = json!({"rules": [{"namespace": "api", "limit": 1, "duration": 60_000,
         "match": {"methods": ["POST"]}, "actions": [{"remote_address": {}}]}]});
-    let mut only_posts = Edge::new(&rules_without_shadow.to_string(), "", "t").unwrap();
-    let r = start(&mut only_posts, "/api/x", "198.51.100.1");
-    assert!(only_posts.call_body(&r, 0).is_none() && only_posts.call_body(&r, 1).is_none());
-    let reply = only_posts.reply(&r, NOW);
+    let mut only_posts =
+        Edge::new(&rules_without_shadow.to_string(), "", "t", 250.0, 50.0).unwrap();
+    let reply = start(&mut only_posts, 1, "/api/x", "198.51.100.1").expect("decided at once");
     assert!(reply.allowed && reply.headers.is_empty());
+    assert!(calls(&mut only_posts).is_empty());
     // /health is outside the per-ip rule's path prefix: only the shadow rule applies.
-    let r = start(&mut e, "/health", "198.51.100.1");
-    assert!(e.call_body(&r, 0).is_none());
-    assert!(e.call_body(&r, 1).is_some());
+    assert!(start(&mut e, 1, "/health", "198.51.100.1").is_none());
+    let sent = calls(&mut e);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].body.contains("\"trial\""));
 }
 
 #[wasm_bindgen_test]
@@ -130,38 +170,56 @@ fn failure_modes_decide_when_the_gateway_cannot() {
             10,
             &format!(r#"{{"failure_mode": "{mode}", "debug": true}}"#),
         );
-        let mut r = start(&mut e, "/api/a", "192.0.2.1");
-        e.fail(&mut r, 0, NOW);
-        e.fail(&mut r, 1, NOW);
-        assert!(r.origin_failed());
-        let reply = e.reply(&r, NOW);
+        assert!(start(&mut e, 1, "/api/a", "192.0.2.1").is_none());
+        for c in calls(&mut e) {
+            e.fail(c.call, "connection refused", NOW);
+        }
+        let reply = &decisions(&mut e)[0];
         assert_eq!(reply.allowed, allowed, "{mode}");
+        assert_eq!(reply.by, "fallback", "{mode}");
         assert_eq!(reply.status, if allowed { 200 } else { 429 }, "{mode}");
-        assert_eq!(header(&reply, "strata-origin"), Some("unavailable"));
+        assert_eq!(header(reply, "strata-origin"), Some("unavailable"));
+        let log = e.poll_log().expect("the failure is logged");
+        assert!(log.message.contains(mode), "{}", log.message);
         // The same key moments later: no call (the origin failed within the retry delay),
         // decided by the same mode.
-        let again = start(&mut e, "/api/a", "192.0.2.1");
-        assert!(e.call_body(&again, 0).is_none() && e.call_body(&again, 1).is_none());
-        assert!(again.origin_failed(), "{mode}");
-        assert_eq!(e.reply(&again, NOW).allowed, allowed, "{mode}");
+        let again = start(&mut e, 2, "/api/a", "192.0.2.1").expect("no call");
+        assert!(calls(&mut e).iter().all(|c| c.path != "/v1/origin/decide"));
+        assert_eq!(again.by, "fallback", "{mode}");
+        assert_eq!(again.allowed, allowed, "{mode}");
     }
-    // An error status or a body that is not a decision is a failure too.
+    // An error status, a body that is not a decision, or no answer by the deadline is a
+    // failure too.
     let mut e = edge(10, r#"{"failure_mode": "deny"}"#);
-    let mut r = start(&mut e, "/api/a", "192.0.2.2");
-    assert!(!e.answer(&mut r, 0, 503, "", NOW));
-    assert!(!e.answer(&mut r, 1, 200, "{\"not\": \"a decision\"}", NOW));
-    assert!(!e.reply(&r, NOW).allowed);
+    assert!(start(&mut e, 1, "/api/a", "192.0.2.2").is_none());
+    let sent = calls(&mut e);
+    e.answer(sent[0].call, 503, "", NOW);
+    e.answer(sent[1].call, 200, "{\"not\": \"a decision\"}", NOW);
+    assert!(!decisions(&mut e)[0].allowed);
+    assert!(start(&mut e, 2, "/api/b", "192.0.2.3").is_none());
+    assert!(
+        e.next_deadline() <= NOW + 250.0,
+        "woken by the deadline at the latest"
+    );
+    e.timeout(NOW + 250.0);
+    let reply = &decisions(&mut e)[0];
+    assert_eq!((reply.request, reply.allowed), (2, false));
 }
 
 #[wasm_bindgen_test]
 fn local_mode_enforces_the_limit_from_memory() {
     let mut e = edge(3, "");
     let mut passed = 0;
-    for _ in 0..6 {
-        let mut r = start(&mut e, "/api/a", "192.0.2.3");
-        e.fail(&mut r, 0, NOW);
-        e.fail(&mut r, 1, NOW);
-        let reply = e.reply(&r, NOW);
+    for id in 0..6 {
+        let reply = match start(&mut e, id, "/api/a", "192.0.2.3") {
+            Some(reply) => reply,
+            None => {
+                for c in calls(&mut e) {
+                    e.fail(c.call, "refused", NOW);
+                }
+                decisions(&mut e).remove(0)
+            }
+        };
         if reply.allowed {
             passed += 1;
         } else {
@@ -175,25 +233,26 @@ fn local_mode_enforces_the_limit_from_memory() {
 }
 
 #[wasm_bindgen_test]
-fn local_passes_are_replayed_in_one_batch_and_acknowledged() {
+fn local_passes_are_replayed_in_one_batch_after_the_delay_and_again_after_a_failure() {
     let mut e = edge(100, "");
-    for ip in ["192.0.2.10", "192.0.2.11"] {
-        let mut r = start(&mut e, "/api/a", ip);
-        let body = e.call_body(&r, 0).unwrap();
-        let shadow = e.call_body(&r, 1);
-        assert!(e.answer(&mut r, 0, 200, &granted(&body, 50), NOW));
-        if let Some(shadow) = shadow {
-            e.answer(&mut r, 1, 200, &granted(&shadow, 50), NOW);
+    for (n, ip) in ["192.0.2.10", "192.0.2.11"].into_iter().enumerate() {
+        let base = 10 * u32::try_from(n).unwrap();
+        assert!(start(&mut e, base, "/api/a", ip).is_none());
+        for c in calls(&mut e) {
+            e.answer(c.call, 200, &granted(&c.body, 50), NOW);
         }
-        for _ in 0..4 {
-            let r = start(&mut e, "/api/a", ip);
-            assert!(e.call_body(&r, 0).is_none(), "the lease covers it");
+        assert_eq!(decisions(&mut e).len(), 1);
+        for id in 1..5 {
+            let reply = start(&mut e, base + id, "/api/a", ip).expect("the lease covers it");
+            assert_eq!(reply.by, "local");
         }
     }
-    let batch = e
-        .take_replay(NOW + 50.0, 1000)
-        .expect("own passes to replay");
-    let body: Value = serde_json::from_str(&batch.body()).unwrap();
+    assert_eq!(e.next_deadline(), NOW + 50.0, "the replay delay");
+    e.timeout(NOW + 50.0);
+    let sent = calls(&mut e);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].path, "/v1/origin/replay");
+    let body: Value = serde_json::from_str(&sent[0].body).unwrap();
     let events = body["events"].as_array().unwrap();
     let api: Vec<&Value> = events.iter().filter(|e| e["namespace"] == "api").collect();
     assert_eq!(api.len(), 2, "one event per cell: {body}");
@@ -201,22 +260,26 @@ fn local_passes_are_replayed_in_one_batch_and_acknowledged() {
         api.iter().all(|e| e["used"] == 4),
         "cumulative own passes: {body}"
     );
+    e.answer(sent[0].call, 500, "", NOW + 60.0);
+    assert_eq!(e.next_deadline(), NOW + 160.0, "sent again after a backoff");
+    e.timeout(NOW + 160.0);
+    let again = calls(&mut e);
+    assert_eq!(again[0].body, sent[0].body, "the same cumulative counts");
     let cells: Vec<Value> = events
         .iter()
         .map(|_| json!({"regional": 5, "global": 0}))
         .collect();
-    assert!(
-        !e.ack_replay(&batch, 500, "",),
-        "an error status is not an acknowledgement"
+    e.answer(
+        again[0].call,
+        200,
+        &json!({ "cells": cells }).to_string(),
+        NOW + 170.0,
     );
-    assert!(
-        e.take_replay(NOW + 60.0, 1000).is_some(),
-        "unacknowledged: sent again"
-    );
-    assert!(e.ack_replay(&batch, 200, &json!({ "cells": cells }).to_string()));
-    assert!(
-        e.take_replay(NOW + 70.0, 1000).is_none(),
-        "nothing left to send"
+    assert_eq!(e.next_deadline(), -1.0, "nothing left to send");
+    let stats: Value = serde_json::from_str(&e.stats()).unwrap();
+    assert_eq!(
+        (&stats["replays"], &stats["replay_failures"]),
+        (&json!(1), &json!(1))
     );
 }
 
@@ -226,20 +289,21 @@ fn invalid_configuration_and_bad_requests_are_errors_not_traps() {
         let v: JsValue = e.into();
         js_sys::Error::from(v).message().into()
     };
-    let broken = Edge::new(r#"{"rules": [{"namespace": "a"}]}"#, "", "t").unwrap_err();
+    let broken = Edge::new(r#"{"rules": [{"namespace": "a"}]}"#, "", "t", 250.0, 50.0).unwrap_err();
     assert!(message(broken).contains("rules[0]"));
-    let bad_mode = Edge::new(&rules(1), r#"{"failure_mode": "maybe"}"#, "t").unwrap_err();
+    let bad_mode =
+        Edge::new(&rules(1), r#"{"failure_mode": "maybe"}"#, "t", 250.0, 50.0).unwrap_err();
     assert!(message(bad_mode).contains("failure_mode"));
 
     let costly = json!({"rules": [{"namespace": "c", "limit": 9, "duration": "1m",
         "cost": {"header": "x-cost", "max": 5}, "actions": [{"generic_key": {"descriptor_value": "k"}}]}]});
-    let mut e = Edge::new(&costly.to_string(), "", "t").unwrap();
+    let mut e = Edge::new(&costly.to_string(), "", "t", 250.0, 50.0).unwrap();
     let err = e
-        .start("GET", "https://h/", "x-cost\n6\n", None, NOW)
+        .start(1, "GET", "https://h/", "x-cost\n6\n", None, NOW)
         .unwrap_err();
     assert!(message(err).contains("x-cost"));
     let err = e
-        .start_key("login", "k", 3.0, 60_000.0, -1.0, NOW)
+        .start_key(2, "login", "k", 3.0, 60_000.0, -1.0, NOW)
         .unwrap_err();
     assert!(message(err).contains("cost"));
 }
@@ -249,10 +313,11 @@ fn a_binding_key_of_any_length_is_keyed_by_its_digest() {
     let mut e = edge(10, "");
     let long = "k".repeat(4_000);
     let r = e
-        .start_key("login", &long, 3.0, 60_000.0, 1.0, NOW)
+        .start_key(1, "login", &long, 3.0, 60_000.0, 1.0, NOW)
         .map_err(JsValue::from)
         .unwrap();
-    let call: Value = serde_json::from_str(&e.call_body(&r, 0).unwrap()).unwrap();
+    assert!(r.is_none());
+    let call: Value = serde_json::from_str(&calls(&mut e)[0].body).unwrap();
     let id = call["limits"][0]["identifier"].as_str().unwrap();
     assert_eq!(id, strata_core::identity::identifier_for(long));
     assert!(id.len() <= 255 && id.starts_with("kkkk") && id.contains("%sha256:"));

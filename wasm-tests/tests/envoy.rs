@@ -114,6 +114,12 @@ async fn a_20x_burst_across_two_envoys_admits_at_most_1_05x() {
     println!(
         "20x burst over two Envoys (2 workers each): admitted {admitted} of limit 100, {calls} gateway decisions for 2000 requests"
     );
+    let failures = a.stat(&s.http, "strata.origin.failures").await
+        + b.stat(&s.http, "strata.origin.failures").await;
+    assert_eq!(
+        failures, 0,
+        "the gateway is up: no call may fail or be lost"
+    );
     s.assert_burst_counted(admitted).await;
 }
 
@@ -247,7 +253,9 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
     {
         let extra = json!({"failure_mode": mode, "timeout_ms": 250});
         let config = configuration(&per_key(common::conformance::LIMIT), &extra);
-        let mut e = Envoy::start(&config, s.upstream.port(), Some(port));
+        // Without endpoints: the gateway's cluster has none.
+        let gateway = (outage != common::conformance::Outage::NoEndpoints).then_some(port);
+        let mut e = Envoy::start(&config, s.upstream.port(), gateway);
         e.ready(&s.http).await;
         let (http, base) = (unpooled(), e.base.clone());
         let runtime = format!("envoy, gateway {outage:?}");
@@ -262,6 +270,41 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
         );
     }
     held.abort();
+}
+
+/// The conformance table's rows with the gateway up (the same as the gateway's and workerd's):
+/// eight requests at once on a cold key make one decision call (one worker thread: a VM
+/// coalesces its own requests; each VM makes its own call); what Envoy admitted from memory
+/// while the gateway's Redis was down reaches Redis once it is back, with no request to carry
+/// it (the tick sends it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
+    let mut s = stack().await;
+    let options = common::envoy::Options {
+        concurrency: 1,
+        ..common::envoy::Options::default()
+    };
+    let rules = per_key(common::conformance::BURST_LIMIT);
+    let mut e = Envoy::start_opts(
+        &common::envoy::Filters::Strata(configuration(&rules, &json!({}))),
+        &options,
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    e.ready(&s.http).await;
+    let (http, base) = (unpooled(), e.base.clone());
+    let key = format!("burst-{}", common::stack::now_ms());
+    let send = move |key: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { admitted(&http, &base, &key).await }
+    };
+    common::conformance::one_call("envoy", &key, send, || s.decide_calls()).await;
+    assert_eq!(e.stat(&s.http, "strata.origin.coalesced").await, 7);
+
+    let extra = json!({"timeout_ms": 250});
+    let e = envoy(&s, &per_key(common::conformance::LIMIT), &extra).await;
+    let base = e.base.clone();
+    s.replay_row("envoy", &base).await;
 }
 
 /// Envoy in front of the upstream with the Strata filter configured by `extra`, and `hcm`

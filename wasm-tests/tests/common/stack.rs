@@ -46,19 +46,65 @@ impl Stack {
         duration: u64,
         at: u64,
     ) -> u64 {
+        self.read_cell(namespace, identifier, duration, at)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`regional_at`](Self::regional_at), or what the gateway answered instead (its Redis
+    /// may be down).
+    pub async fn read_cell(
+        &self,
+        namespace: &str,
+        identifier: &str,
+        duration: u64,
+        at: u64,
+    ) -> Result<u64, String> {
         let body = json!({"cells": [{"namespace": namespace, "identifier": identifier,
             "duration": duration, "sequence": at / duration}]});
-        let r: Value = self
+        let r = self
             .http
             .post(format!("{}/v1/origin/read", self.gateway()))
             .json(&body)
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        r["cells"][0]["regional"].as_u64().unwrap()
+            .map_err(|e| e.to_string())?;
+        let r: Value = r.json().await.map_err(|e| e.to_string())?;
+        r["cells"][0]["regional"]
+            .as_u64()
+            .ok_or_else(|| format!("no count: {r}"))
+    }
+
+    /// Decision calls the gateway made to Redis so far: one per decision call an edge made.
+    pub async fn decide_calls(&self) -> u64 {
+        let text = super::process::metrics(&self.http, self.gateway()).await;
+        let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
+        let calls = super::process::metric_sum(&text, decide) as u64;
+        calls
+    }
+
+    /// The conformance table's replay row (`conformance::replayed_after_outage`) through the
+    /// edge at `base` (rules `per_key_rules(conformance::LIMIT)`, failure mode `local`):
+    /// Redis stopped, `REQUESTS` requests on a cold key decided from memory, Redis back, and
+    /// no request since.
+    pub async fn replay_row(&mut self, runtime: &str, base: &str) {
+        use super::conformance::{REQUESTS, replayed_after_outage};
+        let key = format!("outage-{}-{}", std::process::id(), now_ms());
+        let at = now_ms();
+        self.redis.stop();
+        let mut passed = 0;
+        for _ in 0..REQUESTS {
+            passed += u64::from(admitted(&self.http, base, &key).await.unwrap());
+        }
+        self.redis.restart();
+        let identifier = format!("key={key}");
+        let count = || async {
+            self.read_cell("e2e", &identifier, DAY_MS, at)
+                .await
+                .unwrap_or(0)
+        };
+        replayed_after_outage(runtime, passed, count).await;
     }
 
     /// Polls the gateway until its count of a one-day cell is `want` (10 s at most); returns

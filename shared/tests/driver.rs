@@ -1,0 +1,343 @@
+//! The driver natively, as event sequences on a manual clock: coalescing, deadlines with late
+//! joiners, each failure mode, replay backoff and batch bounds. The gateway is scripted here;
+//! the same behaviour through the real runtimes is the conformance table of
+//! `regional-gateway/tests/common/conformance.rs`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+
+use serde_json::json;
+use strata_core::driver::{
+    DECIDE_PATH, DecidedBy, Driver, DriverConfig, LOG_EVERY_MS, REPLAY_PATH, Started, TableStore,
+    Transmit, replay_backoff,
+};
+use strata_core::gate::Gate;
+use strata_core::rules::ListRequest;
+use strata_core::wire::{
+    CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, ReplayRequest,
+};
+use strata_core::{Counts, FailureMode, TableConfig};
+
+const T0: u64 = 28_333_334 * 60_000; // a minute boundary
+const TIMEOUT: u64 = 250;
+const INTERVAL: u64 = 50;
+
+fn driver(mode: FailureMode, limit: u64) -> (Driver, TableStore) {
+    let rules = json!({"rules": [{
+        "name": "per-user", "namespace": "api", "limit": limit, "duration": 60_000,
+        "actions": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user"}}],
+    }]});
+    let options = json!({ "failure_mode": mode.as_str() }).to_string();
+    let gate = Gate::from_json("edge", &rules.to_string(), &options).unwrap();
+    let table = gate.table(TableConfig::default(), 7);
+    let config = DriverConfig {
+        timeout_ms: TIMEOUT,
+        replay_interval_ms: INTERVAL,
+        unaddressed_counter: "stats".into(),
+    };
+    let store = TableStore {
+        table,
+        instance: "edge-1".into(),
+    };
+    (Driver::new(gate, config), store)
+}
+
+fn user(name: &str) -> ListRequest {
+    ListRequest {
+        method: "GET".into(),
+        host: "h".into(),
+        path: "/".into(),
+        headers: vec![("x-user".into(), name.as_bytes().to_vec())],
+        peer: None,
+    }
+}
+
+fn transmits(d: &mut Driver) -> Vec<Transmit> {
+    std::iter::from_fn(|| d.poll_transmit()).collect()
+}
+
+/// The gateway's answer to a decide call: every limit passes, counted, with `lease` lent.
+fn granted(t: &Transmit, lease: u64, now: u64) -> String {
+    let request: DecideRequest = serde_json::from_str(&t.body).unwrap();
+    let results = request
+        .limits
+        .iter()
+        .map(|l| {
+            let sequence = now / l.duration;
+            DecideResult {
+                success: true,
+                limit: l.limit,
+                remaining: l.limit - l.cost,
+                reset: (sequence + 1) * l.duration,
+                sequence,
+                current: Counts {
+                    regional: l.cost,
+                    global: 0,
+                },
+                previous: Counts::default(),
+                used: 0,
+                lease,
+                lease_id: 1,
+                lease_ms: 5_000,
+            }
+        })
+        .collect();
+    let response = DecideResponse {
+        success: true,
+        sequence: now / 60_000,
+        results,
+    };
+    serde_json::to_string(&response).unwrap()
+}
+
+/// The gateway's answer to a replay: each cell's count is what was replayed.
+fn replayed(t: &Transmit) -> String {
+    let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+    let cells = request
+        .events
+        .iter()
+        .map(|e| Counts {
+            regional: e.used,
+            global: 0,
+        })
+        .collect();
+    serde_json::to_string(&CellsResponse { cells }).unwrap()
+}
+
+#[test]
+fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
+    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    for id in 0..8 {
+        let started = d.request(&mut store, id, &user("a"), T0).unwrap();
+        assert_eq!(started, Started::Waiting);
+    }
+    let sent = transmits(&mut d);
+    assert_eq!(sent.len(), 1, "one call for eight requests");
+    assert_eq!((sent[0].path, sent[0].timeout_ms), (DECIDE_PATH, TIMEOUT));
+    assert_eq!(d.stats().coalesced, 7);
+    d.answer(
+        &mut store,
+        sent[0].call,
+        200,
+        granted(&sent[0], 20, T0 + 5).as_bytes(),
+        T0 + 5,
+    );
+    let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
+    assert_eq!(decided.len(), 8);
+    assert!(decided.iter().all(|x| x.reply.allowed));
+    assert_eq!(decided[0].by, DecidedBy::Origin);
+    assert!(
+        decided[1..].iter().all(|x| x.by == DecidedBy::Local),
+        "the lease decides the rest"
+    );
+    assert!(transmits(&mut d).iter().all(|t| t.path != DECIDE_PATH));
+    assert_eq!(d.waiting(), 0);
+}
+
+#[test]
+fn a_late_joiner_inherits_the_calls_deadline_and_nobody_waits_past_it() {
+    let (mut d, mut store) = driver(FailureMode::Deny, 100);
+    d.request(&mut store, 1, &user("a"), T0).unwrap();
+    d.request(&mut store, 2, &user("a"), T0 + 200).unwrap();
+    assert_eq!(transmits(&mut d).len(), 1);
+    assert_eq!(d.poll_timeout(), Some(T0 + TIMEOUT));
+    d.timeout(&mut store, T0 + TIMEOUT - 1);
+    assert!(d.poll_decision().is_none(), "not before the deadline");
+    d.timeout(&mut store, T0 + TIMEOUT);
+    let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
+    assert_eq!(decided.len(), 2, "the joiner too, 50 ms after it came");
+    for x in &decided {
+        assert!(
+            !x.reply.allowed,
+            "deny denies what the gateway did not decide"
+        );
+        assert_eq!(x.by, DecidedBy::Fallback);
+    }
+    assert!(
+        transmits(&mut d).iter().all(|t| t.path != DECIDE_PATH),
+        "the joiner did not make a call of its own after the failure"
+    );
+    assert_eq!((d.stats().origin_calls, d.stats().origin_failures), (1, 1));
+}
+
+#[test]
+fn each_failure_mode_decides_a_cold_key_as_named() {
+    for (mode, admitted) in [
+        (FailureMode::Local, 3),
+        (FailureMode::Allow, 3),
+        (FailureMode::Deny, 0),
+    ] {
+        let (mut d, mut store) = driver(mode, 3);
+        // A call that fails with an error status, then requests within the retry delay.
+        d.request(&mut store, 0, &user("k"), T0).unwrap();
+        let t = transmits(&mut d);
+        d.answer(
+            &mut store,
+            t[0].call,
+            503,
+            b"upstream connect error",
+            T0 + 3,
+        );
+        let mut passed = usize::from(d.poll_decision().unwrap().reply.allowed);
+        for id in 1..10 {
+            match d.request(&mut store, id, &user("k"), T0 + 10).unwrap() {
+                // A pass is the failure mode's; a denial the own count proves is memory's.
+                Started::Decided(x) if x.reply.allowed => {
+                    assert_eq!(x.by, DecidedBy::Fallback, "{mode:?}");
+                    passed += 1;
+                }
+                Started::Decided(x) => assert_ne!(x.by, DecidedBy::Origin, "{mode:?}"),
+                Started::Waiting => panic!("{mode:?}: a call within the retry delay"),
+            }
+        }
+        assert_eq!(passed, admitted, "{mode:?}");
+        assert_eq!(d.stats().origin_calls, 1, "{mode:?}");
+    }
+}
+
+#[test]
+fn an_answer_that_does_not_fit_is_a_failure() {
+    let (mut d, mut store) = driver(FailureMode::Deny, 10);
+    d.request(&mut store, 0, &user("k"), T0).unwrap();
+    let t = transmits(&mut d);
+    d.answer(
+        &mut store,
+        t[0].call,
+        200,
+        br#"{"success":true,"sequence":1,"results":[]}"#,
+        T0,
+    );
+    let x = d.poll_decision().unwrap();
+    assert!(!x.reply.allowed);
+    assert_eq!(x.by, DecidedBy::Fallback);
+    let log = d.poll_log().unwrap();
+    assert!(
+        log.warn && log.message.contains("(deny)"),
+        "{}",
+        log.message
+    );
+}
+
+#[test]
+fn a_cancelled_request_is_not_answered_and_its_call_still_settles_the_joiners() {
+    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    d.request(&mut store, 1, &user("a"), T0).unwrap();
+    d.request(&mut store, 2, &user("a"), T0).unwrap();
+    d.cancel(1);
+    let t = transmits(&mut d);
+    d.answer(
+        &mut store,
+        t[0].call,
+        200,
+        granted(&t[0], 10, T0).as_bytes(),
+        T0 + 1,
+    );
+    let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
+    assert_eq!(decided.iter().map(|x| x.request).collect::<Vec<_>>(), [2]);
+    assert!(decided[0].reply.allowed);
+}
+
+#[test]
+fn a_failed_replay_is_sent_again_after_a_backoff_without_new_requests() {
+    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    d.request(&mut store, 0, &user("a"), T0).unwrap();
+    let t = transmits(&mut d);
+    d.answer(
+        &mut store,
+        t[0].call,
+        200,
+        granted(&t[0], 10, T0).as_bytes(),
+        T0,
+    );
+    for id in 1..4 {
+        assert!(matches!(
+            d.request(&mut store, id, &user("a"), T0 + 1).unwrap(),
+            Started::Decided(x) if x.by == DecidedBy::Local
+        ));
+    }
+    // The replay is due one interval after the cost was accepted.
+    let mut now = d.poll_timeout().unwrap();
+    assert_eq!(now, T0 + INTERVAL);
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        d.timeout(&mut store, now);
+        let sent = transmits(&mut d);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].path, REPLAY_PATH);
+        d.fail(&mut store, sent[0].call, "connection refused", now);
+        let next = d.poll_timeout().unwrap();
+        waits.push(next - now);
+        now = next;
+    }
+    assert_eq!(waits, [1, 2, 3, 4].map(|f| replay_backoff(INTERVAL, f)));
+    assert_eq!(waits, [100, 200, 400, 800]);
+    d.timeout(&mut store, now);
+    let sent = transmits(&mut d);
+    let request: ReplayRequest = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!(request.events[0].used, 3, "the three local passes");
+    d.answer(
+        &mut store,
+        sent[0].call,
+        200,
+        replayed(&sent[0]).as_bytes(),
+        now,
+    );
+    assert_eq!(
+        d.poll_timeout(),
+        None,
+        "nothing left to replay: the shell may sleep"
+    );
+    assert_eq!((d.stats().replays, d.stats().replay_failures), (1, 4));
+    assert!(replay_backoff(INTERVAL, 30) <= 5_000);
+}
+
+#[test]
+fn a_replay_pass_goes_in_batches_of_the_wire_bound() {
+    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    // The gateway fails every call: each key is decided from memory, its cost unreplayed.
+    let keys = MAX_BATCH * 2 + 500;
+    for id in 0..keys {
+        let name = format!("u{id}");
+        d.request(&mut store, id as u64, &user(&name), T0).unwrap();
+        for t in transmits(&mut d) {
+            d.fail(&mut store, t.call, "refused", T0);
+        }
+    }
+    assert_eq!(std::iter::from_fn(|| d.poll_decision()).count(), keys);
+    let now = T0 + 1_000;
+    d.timeout(&mut store, now);
+    let mut sizes = Vec::new();
+    while let Some(t) = d.poll_transmit() {
+        assert_eq!(t.path, REPLAY_PATH);
+        let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+        sizes.push(request.events.len());
+        d.answer(&mut store, t.call, 200, replayed(&t).as_bytes(), now);
+    }
+    assert_eq!(sizes, [MAX_BATCH, MAX_BATCH, 500]);
+    assert_eq!(store.table.unreplayed_cells(), 0);
+}
+
+#[test]
+fn a_repeated_failure_is_logged_once_per_interval() {
+    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    for id in 0..100 {
+        // Past each retry delay, so every request calls and fails.
+        let now = T0 + id * 1_000;
+        let name = format!("u{id}");
+        d.request(&mut store, id, &user(&name), now).unwrap();
+        for t in transmits(&mut d)
+            .into_iter()
+            .filter(|t| t.path == DECIDE_PATH)
+        {
+            d.fail(&mut store, t.call, "refused", now);
+        }
+    }
+    let lines: Vec<_> = std::iter::from_fn(|| d.poll_log()).collect();
+    let expected = (100 * 1_000 / LOG_EVERY_MS) as usize;
+    assert_eq!(lines.len(), expected);
+    assert!(
+        lines[1].message.contains("9 more like it"),
+        "{}",
+        lines[1].message
+    );
+    assert_eq!(d.stats().origin_failures, 100);
+}

@@ -191,6 +191,10 @@ function arm(state, ctx) {
   }));
 }
 
+// What the module refused of a request (a cost header out of bounds, a key it cannot hold):
+// the client's error, a 400. Anything else thrown on the way is the edge's own, a 500.
+class RequestError extends Error {}
+
 // A reply as plain values, its Wasm object freed.
 function plain(reply) {
   const { allowed, status, headers, body, by, limit, remaining, reset } = reply;
@@ -204,7 +208,12 @@ function plain(reply) {
 // request's context, and workerd refuses a request's I/O (its upstream fetch) from another's.
 async function decide(state, ctx, start) {
   const id = (state.nextId = (state.nextId + 1) >>> 0);
-  const reply = start(id);
+  let reply;
+  try {
+    reply = start(id);
+  } catch (e) {
+    throw new RequestError(String(e.message || e));
+  }
   if (reply) {
     pump(state, ctx);
     return plain(reply);
@@ -278,7 +287,9 @@ async function proxy(request, env, ctx) {
       state.edge.start(id, request.method, request.url, headerText(request.headers, state.headerNames), peerOf(request), Date.now()),
     );
   } catch (e) {
-    return errorResponse(400, "invalid_request", String(e.message || e));
+    if (e instanceof RequestError) return errorResponse(400, "invalid_request", e.message);
+    log("error", "the edge failed a request", { error: String(e.stack || e) });
+    return errorResponse(500, "internal", "the rate limiter failed; see the Worker's log");
   }
   if (!reply.allowed) {
     const response = new Response(reply.body, { status: reply.status });

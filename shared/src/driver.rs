@@ -42,11 +42,12 @@ use foldhash::quality::FixedState;
 
 use crate::decision::{Counts, Decision, MultiDecision};
 use crate::gate::{ENFORCED, Gate, Pending, Reply, SHADOW, Subject};
+use crate::limit::LimitRequest;
 use crate::origin::OriginAnswer;
 use crate::replay::ReplayBatch;
 use crate::request::{Begin, OriginCall};
 use crate::rules::{RequestError, RequestView};
-use crate::table::{CounterTable, LimitRequest, TooManyLimits};
+use crate::table::{CounterTable, TooManyLimits};
 use crate::wire::{self, CellsResponse, DecideResponse};
 
 /// Where the gateway decides.

@@ -15,6 +15,7 @@
 //! | [`origin`] | the decision order (local, or at the origin and why), merging origin answers |
 //! | [`policy`] | region-wide origin settings and the reasons a decision goes there |
 //! | [`lease`] | leases: the share of a limit a process may admit locally |
+//! | [`limit`] | one limit of a request: key, limit, cost |
 //! | [`ledger`] | the origin's side of a cell: own counts per process, live leases |
 //! | [`request`] | the request path every shell drives: a decision or one origin call |
 //! | [`replay`] | the replay buffer: own cumulative counts, delivered safely twice |
@@ -107,6 +108,7 @@ pub mod headers;
 pub mod identity;
 pub mod lease;
 pub mod ledger;
+pub mod limit;
 pub mod origin;
 pub mod policy;
 pub mod replay;

@@ -22,8 +22,8 @@ use core::fmt;
 use crate::cell::WindowState;
 use crate::decision::{Decision, LimitCheck, MultiDecision, decide_all};
 use crate::identity::WindowKey;
+use crate::limit::LimitRequest;
 use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Reason, Verdict};
-use crate::table::LimitRequest;
 use crate::wire;
 
 /// One limit of an origin call.

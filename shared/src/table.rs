@@ -13,6 +13,7 @@ use crate::cell::WindowState;
 use crate::decision::{Counts, Decision, MultiDecision};
 use crate::gcounter::{FlushRow, PublishPolicy, sort_flush_rows};
 use crate::identity::WindowKeyRef;
+pub use crate::limit::LimitRequest;
 use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Verdict};
 use crate::request::{self, Begin, OriginCall, States};
 use crate::slab::Slab;
@@ -54,17 +55,6 @@ impl Default for TableConfig {
             presize_index: false,
         }
     }
-}
-
-/// One limit of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitRequest<'a> {
-    /// Which window key.
-    pub key: WindowKeyRef<'a>,
-    /// Allowed cost per window.
-    pub limit: u64,
-    /// This request's cost.
-    pub cost: u64,
 }
 
 /// What a local check produced: a decision, or a decision the origin must make.

@@ -15,7 +15,7 @@ mod integer;
 
 use crate::decision::{Counts, Decision};
 use crate::identity::{IdentityError, WindowKeyRef};
-use crate::table::LimitRequest;
+use crate::limit::LimitRequest;
 use crate::window::WindowDuration;
 
 /// Most limits in one multi-limit or origin-decide request.

@@ -105,8 +105,7 @@ function stateFor(env, rules) {
       token: env.STRATA_TOKEN || "",
       upstream: env.STRATA_UPSTREAM || "",
       debug: flag(env, "STRATA_DEBUG", false),
-      waiting: new Set(), // ids of requests waiting for the gateway
-      ready: new Map(), // request id → its reply, for it to pick up
+      ready: new Map(), // request id → its reply, for the waiting request to pick up
       nextId: 0,
       timers: [], // when each armed timer fires
     };
@@ -155,11 +154,7 @@ function pump(state, ctx) {
     ctx.waitUntil(send(state, ctx, call.call, call.path, call.body, call.timeout_ms));
     call.free();
   }
-  for (let reply; (reply = edge.poll_decision()); ) {
-    const id = reply.request;
-    if (state.waiting.has(id)) state.ready.set(id, plain(reply));
-    else reply.free();
-  }
+  for (let reply; (reply = edge.poll_decision()); ) state.ready.set(reply.request, plain(reply));
   arm(state, ctx);
 }
 
@@ -218,13 +213,14 @@ async function decide(state, ctx, start) {
     pump(state, ctx);
     return plain(reply);
   }
-  state.waiting.add(id);
   pump(state, ctx);
   try {
     for (;;) {
       const decided = state.ready.get(id);
       if (decided) return decided;
       await sleep(POLL_MS);
+      // The timer `arm` set belongs to whichever request armed it; should that request's
+      // context end early, this request's own wake-up still keeps the deadline.
       const now = Date.now();
       const due = state.edge.next_deadline();
       if (due >= 0 && due <= now) {
@@ -233,7 +229,6 @@ async function decide(state, ctx, start) {
       }
     }
   } finally {
-    state.waiting.delete(id);
     state.ready.delete(id);
   }
 }

@@ -148,8 +148,14 @@ impl Vm {
         // Calls are dispatched from the root context: Envoy cancels a call with the context
         // that made it, and a stream goes away when its own request is done (or its client
         // hangs up) while others may still wait on that call. A stream's callback wakes the
-        // root through this VM's queue.
+        // root through this VM's queue (without one, the tick sends them).
         let wake_queue = host.register_queue(&format!("strata.wake.{vm_tag:016x}"));
+        if wake_queue.is_none() {
+            host.log(
+                true,
+                "strata: no shared queue to wake the root context; gateway calls wait for the tick",
+            );
+        }
         let state = VmState {
             table: config.gate.table(TableConfig::default(), host.random_u64()),
             vm_instance,
@@ -227,17 +233,6 @@ impl Vm {
             }
         };
         self.after(host, now, false);
-        // A call that could not even be dispatched was decided at once: this stream goes on
-        // now rather than waiting to be resumed.
-        if verdict == Verdict::Pause
-            && let Some(i) = self
-                .settled
-                .iter()
-                .position(|s| s.context == context && s.action == Action::Continue)
-        {
-            self.settled.remove(i);
-            return Verdict::Continue;
-        }
         verdict
     }
 
@@ -246,16 +241,11 @@ impl Vm {
         if let Some(queue) = self.wake_queue {
             host.drain_queue(queue);
         }
-        self.wake_sent = false;
-        let now = host.now_ms();
-        for t in std::mem::take(&mut self.deferred) {
-            self.dispatch(host, t, now);
-        }
-        self.after(host, now, true);
+        self.after(host, host.now_ms(), true);
     }
 
-    /// `on_http_call_response` for `token`, delivered to the root context (`root`) or a stream.
-    pub fn on_call_response(&mut self, host: &impl Host, token: u32, body_size: usize, root: bool) {
+    /// `on_http_call_response` for `token` (every call is the root context's).
+    pub fn on_call_response(&mut self, host: &impl Host, token: u32, body_size: usize) {
         let Some(call) = self.tokens.remove(&token) else {
             return;
         };
@@ -266,7 +256,7 @@ impl Vm {
             state: &mut self.state,
         };
         self.driver.answer(&mut homes, call, status, &body, now);
-        self.after(host, now, root);
+        self.after(host, now, true);
     }
 
     /// The root context's tick: calls past their deadline fail (a cluster with no healthy
@@ -297,25 +287,26 @@ impl Vm {
         self.pass_headers.remove(&context);
     }
 
-    /// After an event: dispatches the calls the driver wants (from a stream's callback, it
-    /// wakes the root context to do it), collects its decisions, logs its lines and brings
-    /// the host's counters up to its own.
+    /// After an event: dispatches the calls the driver wants, from the root context (a
+    /// stream's callback leaves them and wakes it; a wake-up that cannot be sent leaves them
+    /// for the tick), collects its decisions, logs its lines and brings the host's counters up
+    /// to its own.
     fn after(&mut self, host: &impl Host, now: u64, root: bool) {
-        while let Some(t) = self.driver.poll_transmit() {
-            if root {
-                self.dispatch(host, t, now);
-                continue;
+        self.deferred
+            .extend(std::iter::from_fn(|| self.driver.poll_transmit()));
+        if root {
+            self.wake_sent = false;
+            while !self.deferred.is_empty() {
+                // A call the host refuses fails at once, and what that decides may want
+                // another call.
+                for t in std::mem::take(&mut self.deferred) {
+                    self.dispatch(host, t, now);
+                }
+                self.deferred
+                    .extend(std::iter::from_fn(|| self.driver.poll_transmit()));
             }
-            self.deferred.push(t);
-            if !self.wake_sent {
-                self.wake_sent = self.wake_queue.is_some_and(|q| host.enqueue(q));
-            }
-        }
-        if !root && !self.wake_sent {
-            // No queue to wake the root with: dispatch from here after all.
-            for t in std::mem::take(&mut self.deferred) {
-                self.dispatch(host, t, now);
-            }
+        } else if !self.deferred.is_empty() && !self.wake_sent {
+            self.wake_sent = self.wake_queue.is_some_and(|q| host.enqueue(q));
         }
         while let Some(d) = self.driver.poll_decision() {
             let context = u32::try_from(d.request).unwrap_or(u32::MAX);

@@ -60,7 +60,7 @@ mod glue {
     impl Context for Root {
         fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
             run(self.vm.as_ref(), self.context_id, |vm| {
-                vm.on_call_response(&Envoy, token, body_size, true);
+                vm.on_call_response(&Envoy, token, body_size);
             });
         }
     }
@@ -114,10 +114,6 @@ mod glue {
     }
 
     impl Context for Stream {
-        fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-            self.with(|vm| vm.on_call_response(&Envoy, token, body_size, false));
-        }
-
         fn on_done(&mut self) -> bool {
             let context = self.context_id;
             self.with(|vm| vm.on_done(context));

@@ -266,7 +266,7 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
         "{instance}"
     );
     host.grant(3);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
     vm.on_response(&host, 7);
@@ -294,7 +294,7 @@ fn a_warm_request_makes_a_handful_of_host_calls() {
     host.request("warm");
     assert_eq!(request(&host, &mut vm, 7), Verdict::Pause);
     host.grant(100);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     vm.on_response(&host, 7);
     host.calls.set(0);
@@ -348,7 +348,7 @@ fn error_statuses_and_nonsense_are_failures_decided_by_the_mode() {
         host.request("carol");
         assert_eq!(request(&host, &mut vm, 3), Verdict::Pause);
         *host.response.borrow_mut() = (status, body.as_bytes().to_vec());
-        vm.on_call_response(&host, 1, body.len(), true);
+        vm.on_call_response(&host, 1, body.len());
         settle(&host, &mut vm, 1);
         assert_eq!(
             host.sent.borrow().len(),
@@ -378,7 +378,7 @@ fn the_tick_settles_requests_whose_call_outlived_the_timeout() {
     assert_eq!(host.counter("strata.decided.fallback"), 1);
     // The late answer changes nothing.
     host.grant(3);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
 }
@@ -390,7 +390,7 @@ fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
     host.request("erin");
     request(&host, &mut vm, 5);
     host.grant(3);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     for c in 0..3 {
         assert_eq!(request(&host, &mut vm, 20 + c), Verdict::Continue);
@@ -405,7 +405,7 @@ fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
         "cumulative local passes: {body}"
     );
     *host.response.borrow_mut() = (200, br#"{"cells":[{"regional":4,"global":0}]}"#.to_vec());
-    vm.on_call_response(&host, 2, 0, true);
+    vm.on_call_response(&host, 2, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.counter("strata.replay.ok"), 1);
     host.now.set(NOW + 200);
@@ -556,7 +556,7 @@ fn only_the_lease_holder_replays_the_shared_slots() {
     a_host.request("ivan");
     request(&a_host, &mut a, 5);
     a_host.grant(3);
-    a.on_call_response(&a_host, 1, 0, true);
+    a.on_call_response(&a_host, 1, 0);
     settle(&a_host, &mut a, 1);
     b_host.request("ivan");
     assert_eq!(
@@ -617,7 +617,7 @@ fn concurrent_requests_on_a_cold_key_wait_for_one_call_and_are_all_settled() {
     // The gateway counts one and lends four: five go on, and the count the VM now holds
     // (5 of 5) denies the other three from memory.
     host.grant(4);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 5);
     assert_eq!(host.dispatched.borrow().len(), 1);
@@ -651,7 +651,7 @@ fn calls_are_dispatched_from_the_root_context_a_stream_wakes() {
     );
     vm.on_done(7); // the first client hangs up: its call still settles the second
     host.grant(3);
-    vm.on_call_response(&host, 1, 0, true);
+    vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
 }

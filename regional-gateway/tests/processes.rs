@@ -292,13 +292,7 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
         let (http, base) = (http.clone(), base.clone());
         move |key| conformance_limit(http.clone(), base.clone(), key, limit)
     };
-    let calls = || async {
-        let text = common::metrics(&http, &base).await;
-        let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
-        let calls = common::metric_sum(&text, decide) as u64;
-        calls
-    };
+    let calls = || common::process::decide_calls(&http, &base);
     let tag = std::process::id();
     let runtime = "gateway, Redis up";
     let burst = send(common::conformance::BURST_LIMIT);
@@ -315,18 +309,8 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     }
     redis.restart();
     let count = || async {
-        let cell = json!({"cells": [{"namespace": "conformance", "identifier": key,
-            "duration": 86_400_000, "sequence": day}]});
-        let r = http
-            .post(format!("{base}/v1/origin/read"))
-            .json(&cell)
-            .send()
-            .await;
-        let body: Value = match r {
-            Ok(r) if r.status() == 200 => r.json().await.unwrap_or_default(),
-            _ => Value::Null, // the breaker may still be open
-        };
-        body["cells"][0]["regional"].as_u64().unwrap_or(0)
+        let read = common::process::read_count(&http, &base, "conformance", &key, 86_400_000, day);
+        read.await.unwrap_or(0) // the breaker may still be open
     };
     common::conformance::replayed_after_outage("gateway, Redis", admitted, count).await;
 }

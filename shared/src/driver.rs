@@ -485,9 +485,7 @@ impl Driver {
         now_ms: u64,
     ) -> Result<Started, RequestError> {
         // Every key is checked before anything is counted: a refused request counts nowhere.
-        for shadow in [false, true] {
-            self.gate.group_limits(&subjects, shadow)?;
-        }
+        self.gate.check_keys(&subjects)?;
         if unaddressed {
             if self.stats.unaddressed == 0 {
                 let source = self.gate.rules().client_address();
@@ -687,12 +685,11 @@ impl Driver {
         match self.calls.get(&call) {
             Some(Call::Decide { .. }) => {
                 let response = DecideResponse::from_answer(status, body);
-                let why = if response.is_some() {
-                    "an answer that does not fit the call".to_string()
-                } else {
-                    status_text(status, body)
+                let why = || match response {
+                    Some(_) => "an answer that does not fit the call".to_string(),
+                    None => status_text(status, body),
                 };
-                self.settle_call(store, call, response.as_ref(), &why, now_ms);
+                self.settle_call(store, call, response.as_ref(), why, now_ms);
             }
             Some(Call::Replay { batch, .. }) => {
                 match CellsResponse::from_answer(status, body, batch.len()) {
@@ -707,7 +704,9 @@ impl Driver {
     /// Call `call` failed without an answer (`why`: the transport's words).
     pub fn fail<S: Store>(&mut self, store: &mut S, call: u64, why: &str, now_ms: u64) {
         match self.calls.get(&call) {
-            Some(Call::Decide { .. }) => self.settle_call(store, call, None, why, now_ms),
+            Some(Call::Decide { .. }) => {
+                self.settle_call(store, call, None, || why.to_string(), now_ms);
+            }
             Some(Call::Replay { .. }) => self.replay_failed(call, why, now_ms),
             None => {}
         }
@@ -725,7 +724,7 @@ impl Driver {
         for (id, decide) in expired {
             let why = "no answer within the timeout";
             if decide {
-                self.settle_call(store, id, None, why, now_ms);
+                self.settle_call(store, id, None, || why.to_string(), now_ms);
             } else {
                 self.replay_failed(id, why, now_ms);
             }
@@ -765,15 +764,15 @@ impl Driver {
         calls.chain(lanes).min()
     }
 
-    /// Call `id` is answered (`response`) or failed (`None`): its cells take the answer or
-    /// the failure, the request that made it is decided, and those that joined it begin
-    /// again.
+    /// Call `id` is answered (`response`) or failed (`None`; `why` says how, for the log):
+    /// its cells take the answer or the failure, the request that made it is decided, and
+    /// those that joined it begin again.
     fn settle_call<S: Store>(
         &mut self,
         store: &mut S,
         id: u64,
         response: Option<&DecideResponse>,
-        why: &str,
+        why: impl FnOnce() -> String,
         now_ms: u64,
     ) {
         let Some(Call::Decide {
@@ -797,9 +796,10 @@ impl Driver {
             Some(answers) => store.finish(home, &call, answers, now_ms),
             None => {
                 self.stats.origin_failures += 1;
-                let mode = store_mode(&self.gate);
+                let mode = self.gate.options().failure_mode.as_str();
                 let line = format!(
-                    "the gateway did not decide ({why}); the failure mode ({mode}) decides"
+                    "the gateway did not decide ({}); the failure mode ({mode}) decides",
+                    why()
                 );
                 self.logs.extend(self.call_failures.line(now_ms, line));
                 store.fail(home, &call, now_ms)
@@ -951,10 +951,6 @@ impl Driver {
 pub fn replay_backoff(interval_ms: u64, failures: u32) -> u64 {
     let doubled = interval_ms.saturating_mul(1_u64 << failures.min(16));
     doubled.min(MAX_REPLAY_BACKOFF_MS.max(interval_ms))
-}
-
-fn store_mode(gate: &Gate) -> &'static str {
-    gate.options().failure_mode.as_str()
 }
 
 /// A failed answer in a few words: its status, and the start of its body.

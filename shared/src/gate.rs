@@ -1,15 +1,15 @@
 //! The rule layer of a Wasm shell (the Workers edge, the Envoy filter): rules applied to a
 //! request ([`Gate::subjects`]), its limits keyed ([`Gate::group_limits`]), and the reply built
 //! ([`Pending::reply`]). The shells run it through [`crate::driver`]; [`Gate::start`] runs it
-//! on a table directly, with the calls answered or failed by hand (tests and benchmarks).
+//! on a table directly, its calls failed by hand (decided from memory: tests and benchmarks).
 //!
 //! Enforced limits are one all-or-nothing decision; shadow limits are another, so a shadow
 //! rule never changes whether the request passes (it is counted and reported only). Each
 //! group needs at most one origin call, and the two can be made at once:
 //!
 //! ```text
-//! Gate::start(table, request) → Pending ── calls() ── shell POSTs each to /v1/origin/decide
-//!                                  ├─ answer(table, group, response) / fail(table, group)
+//! Gate::start(table, request) → Pending ── calls(): the origin calls it needs
+//!                                  ├─ fail(table, group): decided per the failure mode
 //!                                  └─ reply(now) → Reply { status, headers, body }
 //! ```
 
@@ -28,7 +28,6 @@ use crate::request::{Begin, FailureMode, OriginCall};
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
 use crate::table::{CounterTable, LimitRequest, TableConfig};
 use crate::window::WindowDuration;
-use crate::wire::DecideResponse;
 
 /// How a shell answers, besides its rules. The JSON both shells take (unknown fields refused).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,7 +131,7 @@ enum Group {
     Decided(MultiDecision),
 }
 
-/// The enforced group's index in [`Pending::calls`] and [`Pending::answer`].
+/// The enforced group's index in [`Pending::calls`] and [`Pending::fail`].
 pub const ENFORCED: usize = 0;
 /// The shadow group's index.
 pub const SHADOW: usize = 1;
@@ -282,24 +281,32 @@ impl Gate {
         subjects
             .iter()
             .filter(|s| s.shadow == shadow)
-            .map(|s| {
-                let key =
-                    WindowKeyRef::new(&self.workspace, &s.namespace, &s.identifier, s.duration)
-                        .map_err(|e| RequestError {
-                            rule: s.name.clone(),
-                            message: e.to_string(),
-                        })?;
-                Ok(LimitRequest {
-                    key,
-                    limit: s.limit,
-                    cost: s.cost,
-                })
-            })
+            .map(|s| self.limit_of(s))
             .collect()
     }
 
+    /// Whether every limit of `subjects` has a key (what [`group_limits`](Self::group_limits)
+    /// would refuse), without building them: checked before a request counts anywhere.
+    pub fn check_keys(&self, subjects: &[Subject]) -> Result<(), RequestError> {
+        subjects.iter().try_for_each(|s| self.limit_of(s).map(drop))
+    }
+
+    /// One subject as a limit, keyed in the gate's workspace.
+    fn limit_of<'s>(&'s self, s: &'s Subject) -> Result<LimitRequest<'s>, RequestError> {
+        let key = WindowKeyRef::new(&self.workspace, &s.namespace, &s.identifier, s.duration)
+            .map_err(|e| RequestError {
+                rule: s.name.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(LimitRequest {
+            key,
+            limit: s.limit,
+            cost: s.cost,
+        })
+    }
+
     /// Begins `subjects` on `table` (the rules' limits, or a binding's one key).
-    pub fn begin(
+    fn begin(
         &self,
         table: &mut CounterTable,
         subjects: Vec<Subject>,
@@ -387,28 +394,6 @@ impl Pending {
     /// Whether every group is decided.
     pub fn is_done(&self) -> bool {
         self.calls().next().is_none()
-    }
-
-    /// Merges the origin's answer to group `g`'s call; an answer that does not fit the call
-    /// counts as a failure (decided per the table's failure mode).
-    pub fn answer(
-        &mut self,
-        table: &mut CounterTable,
-        g: usize,
-        response: &DecideResponse,
-        now_ms: u64,
-    ) {
-        let Some(Group::Calling(call)) = self.groups.get(g) else {
-            return;
-        };
-        let decided = match call.answers(response) {
-            Ok(answers) => table.finish(call, &answers, now_ms),
-            Err(_) => {
-                self.origin_failed = true;
-                table.fail(call, now_ms)
-            }
-        };
-        self.settle(g, decided);
     }
 
     /// Group `g`'s call failed (unreachable, timed out, an error status): decided per the

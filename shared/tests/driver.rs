@@ -89,6 +89,11 @@ fn granted(t: &Transmit, lease: u64, now: u64) -> String {
     serde_json::to_string(&response).unwrap()
 }
 
+/// Answers call `t` as [`granted`] says, at `now`.
+fn grant(d: &mut Driver, store: &mut TableStore, t: &Transmit, lease: u64, now: u64) {
+    d.answer(store, t.call, 200, granted(t, lease, now).as_bytes(), now);
+}
+
 /// The gateway's answer to a replay: each cell's count is what was replayed.
 fn replayed(t: &Transmit) -> String {
     let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
@@ -114,13 +119,7 @@ fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
     assert_eq!(sent.len(), 1, "one call for eight requests");
     assert_eq!((sent[0].path, sent[0].timeout_ms), (DECIDE_PATH, TIMEOUT));
     assert_eq!(d.stats().coalesced, 7);
-    d.answer(
-        &mut store,
-        sent[0].call,
-        200,
-        granted(&sent[0], 20, T0 + 5).as_bytes(),
-        T0 + 5,
-    );
+    grant(&mut d, &mut store, &sent[0], 20, T0 + 5);
     let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
     assert_eq!(decided.len(), 8);
     assert!(decided.iter().all(|x| x.reply.allowed));
@@ -224,13 +223,7 @@ fn a_cancelled_request_is_not_answered_and_its_call_still_settles_the_joiners() 
     d.request(&mut store, 2, &user("a"), T0).unwrap();
     d.cancel(1);
     let t = transmits(&mut d);
-    d.answer(
-        &mut store,
-        t[0].call,
-        200,
-        granted(&t[0], 10, T0).as_bytes(),
-        T0 + 1,
-    );
+    grant(&mut d, &mut store, &t[0], 10, T0 + 1);
     let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
     assert_eq!(decided.iter().map(|x| x.request).collect::<Vec<_>>(), [2]);
     assert!(decided[0].reply.allowed);
@@ -241,13 +234,7 @@ fn a_failed_replay_is_sent_again_after_a_backoff_without_new_requests() {
     let (mut d, mut store) = driver(FailureMode::Local, 100);
     d.request(&mut store, 0, &user("a"), T0).unwrap();
     let t = transmits(&mut d);
-    d.answer(
-        &mut store,
-        t[0].call,
-        200,
-        granted(&t[0], 10, T0).as_bytes(),
-        T0,
-    );
+    grant(&mut d, &mut store, &t[0], 10, T0);
     for id in 1..4 {
         assert!(matches!(
             d.request(&mut store, id, &user("a"), T0 + 1).unwrap(),

@@ -24,6 +24,23 @@ const CONNECTIONS: usize = 8;
 /// How long a throughput round lasts.
 const ROUND: Duration = Duration::from_secs(4);
 
+/// One GET of `url` on the warm key: how long it took, or what came instead of a 200.
+async fn warm_get(http: &reqwest::Client, url: &str) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let r = http
+        .get(url)
+        .header("x-api-key", "warm-key")
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("{url}: {status} {body}"));
+    }
+    Ok(t0.elapsed())
+}
+
 /// One throughput round against `base`: `CONNECTIONS` clients sending one request after
 /// another for `ROUND`; requests/s and the sorted latencies.
 async fn round(http: &reqwest::Client, base: &str) -> Result<(f64, Vec<Duration>), String> {
@@ -35,21 +52,9 @@ async fn round(http: &reqwest::Client, base: &str) -> Result<(f64, Vec<Duration>
             tokio::spawn(async move {
                 let mut times = Vec::new();
                 while Instant::now() < deadline {
-                    let t0 = Instant::now();
-                    let r = http
-                        .get(&url)
-                        .header("x-api-key", "warm-key")
-                        .send()
-                        .await
-                        .unwrap();
-                    let status = r.status();
-                    let body = r.text().await.unwrap();
-                    if status != 200 {
-                        return Err(format!("{url}: {status} {body}"));
-                    }
-                    times.push(t0.elapsed());
+                    times.push(warm_get(&http, &url).await?);
                 }
-                Ok(times)
+                Ok::<_, String>(times)
             })
         })
         .collect();
@@ -88,18 +93,12 @@ async fn main() {
     let targets = [plain.base.clone(), edge.base.clone()];
     for i in 0..(REQUESTS + 500) * 2 {
         let which = i % 2;
-        let t0 = Instant::now();
-        let r = http
-            .get(format!("{}/items", targets[which]))
-            .header("x-api-key", "warm-key")
-            .send()
+        let url = format!("{}/items", targets[which]);
+        let took = warm_get(&http, &url)
             .await
-            .unwrap();
-        let status = r.status();
-        let body = r.text().await.unwrap();
-        assert_eq!(status, 200, "{body}\n{}", edge.log());
+            .unwrap_or_else(|e| panic!("{e}\n{}", edge.log()));
         if i >= 1_000 {
-            times[which].push(t0.elapsed()); // the first 500 of each warm up
+            times[which].push(took); // the first 500 of each warm up
         }
     }
     for t in &mut times {

@@ -121,3 +121,37 @@ pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Decision calls a gateway made to its origin so far (one per decision it made itself, and
+/// one per decide call an edge made to it).
+pub async fn decide_calls(http: &reqwest::Client, base: &str) -> u64 {
+    let text = metrics(http, base).await;
+    let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
+    let calls = metric_sum(&text, decide) as u64;
+    calls
+}
+
+/// The region's count of one cell, as a gateway's `POST /v1/origin/read` answers it, or what
+/// it answered instead (its origin may be down, its breaker open).
+pub async fn read_count(
+    http: &reqwest::Client,
+    base: &str,
+    namespace: &str,
+    identifier: &str,
+    duration: u64,
+    sequence: u64,
+) -> Result<u64, String> {
+    let body = serde_json::json!({"cells": [{"namespace": namespace, "identifier": identifier,
+        "duration": duration, "sequence": sequence}]});
+    let r = http
+        .post(format!("{base}/v1/origin/read"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let r: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+    r["cells"][0]["regional"]
+        .as_u64()
+        .ok_or_else(|| format!("no count: {r}"))
+}

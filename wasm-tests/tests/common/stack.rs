@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderMap;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::process::GatewayProcess;
 use super::redis::RedisServer;
@@ -60,28 +60,21 @@ impl Stack {
         duration: u64,
         at: u64,
     ) -> Result<u64, String> {
-        let body = json!({"cells": [{"namespace": namespace, "identifier": identifier,
-            "duration": duration, "sequence": at / duration}]});
-        let r = self
-            .http
-            .post(format!("{}/v1/origin/read", self.gateway()))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let r: Value = r.json().await.map_err(|e| e.to_string())?;
-        r["cells"][0]["regional"]
-            .as_u64()
-            .ok_or_else(|| format!("no count: {r}"))
+        let sequence = at / duration;
+        super::process::read_count(
+            &self.http,
+            self.gateway(),
+            namespace,
+            identifier,
+            duration,
+            sequence,
+        )
+        .await
     }
 
     /// Decision calls the gateway made to Redis so far: one per decision call an edge made.
     pub async fn decide_calls(&self) -> u64 {
-        let text = super::process::metrics(&self.http, self.gateway()).await;
-        let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
-        let calls = super::process::metric_sum(&text, decide) as u64;
-        calls
+        super::process::decide_calls(&self.http, self.gateway()).await
     }
 
     /// The conformance table's replay row (`conformance::replayed_after_outage`) through the

@@ -19,6 +19,8 @@
 //   STRATA_XFF_NUM_TRUSTED_HOPS  trusted proxies before the one that connects (default 0)
 //   STRATA_TIMEOUT_MS    bound on one gateway call (default 250)
 //   STRATA_REPLAY_DELAY_MS  how long accepted cost gathers before one replay (default 50)
+//   STRATA_TABLE_CAPACITY  the most window keys the isolate's table holds (default 50000,
+//     about 14 MB when full; 64 to 1000000); past it the least recently used key is evicted
 //   STRATA_LEGACY_HEADERS, STRATA_HEADERS_ON_PASS, STRATA_DEBUG   true | false
 //     (debug adds `Strata-Origin: unavailable` to answers the failure mode decided, and serves
 //     this isolate's counters at GET /__strata/stats)
@@ -55,6 +57,13 @@ function number(env, name, fallback) {
   return n;
 }
 
+// A var of digits becomes a number, anything else is passed on for the module to refuse by
+// name, and an unset one is left out (the module's default).
+function digits(v) {
+  if (v === undefined || v === "") return undefined;
+  return /^[0-9]{1,9}$/.test(v) ? Number(v) : v;
+}
+
 function text(v) {
   return typeof v === "string" ? v : JSON.stringify(v);
 }
@@ -65,7 +74,7 @@ function stateFor(env, rules) {
     env.STRATA_GATEWAY_URL, env.STRATA_TOKEN, env.STRATA_REGION, rules, env.STRATA_FAILURE_MODE,
     env.STRATA_TIMEOUT_MS, env.STRATA_REPLAY_DELAY_MS, env.STRATA_LEGACY_HEADERS,
     env.STRATA_HEADERS_ON_PASS, env.STRATA_DEBUG, env.STRATA_UPSTREAM, env.STRATA_CLIENT_ADDRESS,
-    env.STRATA_XFF_NUM_TRUSTED_HOPS,
+    env.STRATA_XFF_NUM_TRUSTED_HOPS, env.STRATA_TABLE_CAPACITY,
   ]);
   if (isolate.key === key) return isolate.state;
   let state;
@@ -87,10 +96,8 @@ function stateFor(env, rules) {
       headers_on_pass: flag(env, "STRATA_HEADERS_ON_PASS", true),
       debug: flag(env, "STRATA_DEBUG", false),
       client_address: env.STRATA_CLIENT_ADDRESS || "peer",
-      // Digits become a number; anything else is passed on for the module to refuse by name.
-      xff_num_trusted_hops: /^[0-9]{1,9}$/.test(env.STRATA_XFF_NUM_TRUSTED_HOPS ?? "")
-        ? Number(env.STRATA_XFF_NUM_TRUSTED_HOPS)
-        : env.STRATA_XFF_NUM_TRUSTED_HOPS || 0,
+      xff_num_trusted_hops: digits(env.STRATA_XFF_NUM_TRUSTED_HOPS),
+      table_capacity: digits(env.STRATA_TABLE_CAPACITY),
     });
     const edge = new Edge(
       rules, options, env.STRATA_REGION || "edge",

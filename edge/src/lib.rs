@@ -10,10 +10,11 @@
 
 mod view;
 
+use strata_core::WindowDuration;
 use strata_core::driver::{Decided, Driver, DriverConfig, Started, TableStore};
 use strata_core::gate::{Gate, Subject};
 use strata_core::identity::identifier_for;
-use strata_core::{TableConfig, WindowDuration};
+use strata_core::memory::MemoryReport;
 use wasm_bindgen::prelude::*;
 
 pub use view::JsRequest;
@@ -161,7 +162,7 @@ impl Edge {
             unaddressed_counter: "/__strata/stats requests_unaddressed".to_string(),
         };
         let store = TableStore {
-            table: gate.table(TableConfig::default(), random_u64()),
+            table: gate.table(random_u64()),
             instance: strata_core::wire::instance_id(region, "edge", random_u64()),
         };
         Ok(Edge {
@@ -306,10 +307,11 @@ impl Edge {
         self.driver.poll_timeout().map_or(-1.0, js_number)
     }
 
-    /// Counters as JSON: requests and how each was decided, gateway calls, replays, table
-    /// entries.
+    /// Counters as JSON: requests and how each was decided, gateway calls, replays, the
+    /// table's size and what eviction did, and the module's linear memory.
     pub fn stats(&self) -> String {
         let s = self.driver.stats();
+        let m = MemoryReport::of(&self.store.table);
         serde_json::json!({
             "instance": self.store.instance,
             "requests": s.requests,
@@ -325,8 +327,15 @@ impl Edge {
             "replay_failures": s.replay_failures,
             "requests_unaddressed": s.unaddressed,
             "waiting": self.driver.waiting(),
-            "entries": self.store.table.len(),
             "unreplayed_cells": self.store.table.unreplayed_cells(),
+            "table": {
+                "entries": m.entries,
+                "capacity": m.capacity,
+                "bytes": m.table_bytes,
+                "evicted": m.evicted,
+                "replay_dropped": m.replay_dropped,
+            },
+            "memory_bytes": m.linear_bytes,
         })
         .to_string()
     }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use strata_core::TableConfig;
 use strata_core::driver::{Decided, Driver, DriverConfig, DriverStats, Started, Transmit};
+use strata_core::memory::MemoryReport;
 use strata_core::rules::{ListRequest, Reads, host_of, path_of};
 use strata_core::wire::instance_id;
 
@@ -64,6 +64,8 @@ pub struct Vm {
     metrics: Metrics,
     /// The driver's counters as the host's counters hold them.
     flushed: DriverStats,
+    /// The table and memory figures as the host's stats hold this VM's share of them.
+    reported: MemoryReport,
     /// Envoy's token of each call in flight → the driver's call id.
     tokens: BTreeMap<u32, u64>,
     /// Headers to add in the response phase of passed requests.
@@ -127,6 +129,48 @@ pub fn apply(host: &impl Host, settled: Vec<Settle>, current: u32) {
     host.set_context(current);
 }
 
+/// A host stat and the figure it shows, read from `T`.
+type Stat<T> = (Metric, fn(&T) -> u64);
+
+/// Each host counter the driver's counts feed, and how it reads them.
+const DRIVER_STATS: [Stat<DriverStats>; 13] = [
+    (Metric::Ok, |s| s.ok),
+    (Metric::RateLimited, |s| s.enforced.saturating_add(s.shadow)),
+    (Metric::Enforced, |s| s.enforced),
+    (Metric::Shadow, |s| s.shadow),
+    (Metric::DecidedLocal, |s| s.decided_local),
+    (Metric::DecidedOrigin, |s| s.decided_origin),
+    (Metric::DecidedFallback, |s| s.decided_fallback),
+    (Metric::OriginCalls, |s| s.origin_calls),
+    (Metric::OriginFailures, |s| s.origin_failures),
+    (Metric::Coalesced, |s| s.coalesced),
+    (Metric::Replays, |s| s.replays),
+    (Metric::ReplayFailures, |s| s.replay_failures),
+    (Metric::Unaddressed, |s| s.unaddressed),
+];
+
+/// Each host stat a VM's memory report feeds, and how it reads it.
+const MEMORY_STATS: [Stat<MemoryReport>; 6] = [
+    (Metric::TableEvicted, |m| m.evicted),
+    (Metric::ReplayDropped, |m| m.replay_dropped),
+    (Metric::TableEntries, |m| m.entries),
+    (Metric::TableCapacity, |m| m.capacity),
+    (Metric::TableBytes, |m| m.table_bytes),
+    (Metric::MemoryBytes, |m| m.linear_bytes),
+];
+
+/// Adds to each host stat the change in its figure from `was` to `now` (a gauge's may be
+/// negative); a stat whose figure did not change costs no host call.
+fn add_changes<T>(metrics: &Metrics, host: &impl Host, was: &T, now: &T, stats: &[Stat<T>]) {
+    for (metric, figure) in stats {
+        let change = i128::from(figure(now)) - i128::from(figure(was));
+        if change != 0 {
+            let by = i64::try_from(change).unwrap_or(if change > 0 { i64::MAX } else { i64::MIN });
+            metrics.add(host, *metric, by);
+        }
+    }
+}
+
 impl Vm {
     /// A VM's state for `config`; defines its metrics.
     pub fn new(config: Config, host: &impl Host) -> Self {
@@ -157,7 +201,7 @@ impl Vm {
             );
         }
         let state = VmState {
-            table: config.gate.table(TableConfig::default(), host.random_u64()),
+            table: config.gate.table(host.random_u64()),
             vm_instance,
             slots,
             vm_tag,
@@ -169,6 +213,7 @@ impl Vm {
             state,
             metrics,
             flushed: DriverStats::default(),
+            reported: MemoryReport::default(),
             tokens: BTreeMap::new(),
             pass_headers: BTreeMap::new(),
             settled: Vec::new(),
@@ -269,6 +314,16 @@ impl Vm {
         };
         self.driver.timeout(&mut homes, now);
         self.after(host, now, true);
+        self.report_memory(host);
+    }
+
+    /// Brings the host's table and memory stats up to this VM's figures: its share of each
+    /// gauge (a change, so Envoy shows the sum over the VMs) and of each counter. On the
+    /// tick: they change with new keys, which take a gateway call anyway.
+    fn report_memory(&mut self, host: &impl Host) {
+        let now = MemoryReport::of(&self.state.table);
+        let was = std::mem::replace(&mut self.reported, now);
+        add_changes(&self.metrics, host, &was, &now, &MEMORY_STATS);
     }
 
     /// `on_http_response_headers`: the rate-limit headers of a passed request.
@@ -364,28 +419,7 @@ impl Vm {
     fn flush_metrics(&mut self, host: &impl Host) {
         let now = self.driver.stats();
         let was = std::mem::replace(&mut self.flushed, now);
-        let delta = |f: fn(&DriverStats) -> u64| {
-            i64::try_from(f(&now).saturating_sub(f(&was))).unwrap_or(i64::MAX)
-        };
-        for (metric, by) in [
-            (Metric::Ok, delta(|s| s.ok)),
-            (Metric::RateLimited, delta(|s| s.enforced + s.shadow)),
-            (Metric::Enforced, delta(|s| s.enforced)),
-            (Metric::Shadow, delta(|s| s.shadow)),
-            (Metric::DecidedLocal, delta(|s| s.decided_local)),
-            (Metric::DecidedOrigin, delta(|s| s.decided_origin)),
-            (Metric::DecidedFallback, delta(|s| s.decided_fallback)),
-            (Metric::OriginCalls, delta(|s| s.origin_calls)),
-            (Metric::OriginFailures, delta(|s| s.origin_failures)),
-            (Metric::Coalesced, delta(|s| s.coalesced)),
-            (Metric::Replays, delta(|s| s.replays)),
-            (Metric::ReplayFailures, delta(|s| s.replay_failures)),
-            (Metric::Unaddressed, delta(|s| s.unaddressed)),
-        ] {
-            if by > 0 {
-                self.metrics.add(host, metric, by);
-            }
-        }
+        add_changes(&self.metrics, host, &was, &now, &DRIVER_STATS);
     }
 
     fn call_headers(&self, path: &'static str) -> Vec<(&str, &str)> {

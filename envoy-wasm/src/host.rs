@@ -41,9 +41,9 @@ pub trait Host {
     fn add_response_header(&self, name: &str, value: &str);
     /// Makes `context_id` the current context (to settle a paused request from the tick).
     fn set_context(&self, context_id: u32) -> bool;
-    /// Defines a counter; its id.
-    fn define_counter(&self, name: &str) -> Option<u32>;
-    /// Adds to a counter.
+    /// Defines a counter (or a gauge); its id.
+    fn define_metric(&self, name: &str, gauge: bool) -> Option<u32>;
+    /// Adds to a counter, or to a gauge (a negative `by` takes away).
     fn increment(&self, id: u32, by: i64);
     /// Random bits for the instance id and the table seed.
     fn random_u64(&self) -> u64;
@@ -134,8 +134,13 @@ mod envoy {
         fn set_context(&self, context_id: u32) -> bool {
             hostcalls::set_effective_context(context_id).is_ok()
         }
-        fn define_counter(&self, name: &str) -> Option<u32> {
-            hostcalls::define_metric(MetricType::Counter, name).ok()
+        fn define_metric(&self, name: &str, gauge: bool) -> Option<u32> {
+            let kind = if gauge {
+                MetricType::Gauge
+            } else {
+                MetricType::Counter
+            };
+            hostcalls::define_metric(kind, name).ok()
         }
         fn increment(&self, id: u32, by: i64) {
             let _ = hostcalls::increment_metric(id, by);

@@ -1,10 +1,11 @@
 //! The filter's counters, named as Envoy operators read the local rate-limit filter's
 //! (`<prefix>.ok`, `.rate_limited`, `.enforced`), plus `.shadow`, where requests were decided,
-//! and gateway call and replay outcomes. Envoy shows them in `/stats` (summed across VMs).
+//! gateway call and replay outcomes, and the VMs' tables and linear memory (gauges). Envoy shows
+//! them in `/stats`, summed across VMs.
 
 use crate::host::Host;
 
-/// Each counter.
+/// Each counter and gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
     /// Passed every enforced limit.
@@ -33,9 +34,29 @@ pub enum Metric {
     ReplayFailures,
     /// Requests a `remote_address` rule did not apply to: no trusted client address.
     Unaddressed,
+    /// Window keys the VMs' tables evicted to make room.
+    TableEvicted,
+    /// Own admitted cost evicted before the gateway acknowledged it.
+    ReplayDropped,
+    /// Gauge: window keys the VMs' tables hold.
+    TableEntries,
+    /// Gauge: the most they hold.
+    TableCapacity,
+    /// Gauge: the bytes they hold.
+    TableBytes,
+    /// Gauge: the VMs' linear memory.
+    MemoryBytes,
 }
 
-const ALL: [(Metric, &str); 13] = [
+/// The gauges: each VM adds the change in its own figure, so Envoy shows their sum.
+const GAUGES: [Metric; 4] = [
+    Metric::TableEntries,
+    Metric::TableCapacity,
+    Metric::TableBytes,
+    Metric::MemoryBytes,
+];
+
+const ALL: [(Metric, &str); 19] = [
     (Metric::Ok, "ok"),
     (Metric::RateLimited, "rate_limited"),
     (Metric::Enforced, "enforced"),
@@ -49,6 +70,12 @@ const ALL: [(Metric, &str); 13] = [
     (Metric::Replays, "replay.ok"),
     (Metric::ReplayFailures, "replay.failures"),
     (Metric::Unaddressed, "unaddressed"),
+    (Metric::TableEvicted, "table.evicted"),
+    (Metric::ReplayDropped, "replay.dropped"),
+    (Metric::TableEntries, "table.entries"),
+    (Metric::TableCapacity, "table.capacity"),
+    (Metric::TableBytes, "table.bytes"),
+    (Metric::MemoryBytes, "memory.bytes"),
 ];
 
 /// The ids the host gave the counters.
@@ -62,12 +89,16 @@ impl Metrics {
     pub fn define(host: &impl Host, prefix: &str) -> Self {
         let ids = ALL
             .iter()
-            .filter_map(|(m, name)| Some((*m, host.define_counter(&format!("{prefix}.{name}"))?)))
+            .filter_map(|(m, name)| {
+                let name = format!("{prefix}.{name}");
+                let gauge = GAUGES.contains(m);
+                Some((*m, host.define_metric(&name, gauge)?))
+            })
             .collect();
         Self { ids }
     }
 
-    /// Adds `by` to `metric`.
+    /// Adds `by` to `metric` (a gauge may go down).
     pub fn add(&self, host: &impl Host, metric: Metric, by: i64) {
         if let Some((_, id)) = self.ids.iter().find(|(m, _)| *m == metric) {
             host.increment(*id, by);

@@ -121,7 +121,7 @@ impl Host for Fake {
         self.context.set(context_id);
         true
     }
-    fn define_counter(&self, name: &str) -> Option<u32> {
+    fn define_metric(&self, name: &str, _gauge: bool) -> Option<u32> {
         self.calls.set(self.calls.get() + 1);
         let mut c = self.counters.borrow_mut();
         c.push((name.to_string(), 0));
@@ -654,4 +654,34 @@ fn calls_are_dispatched_from_the_root_context_a_stream_wakes() {
     vm.on_call_response(&host, 1, 0);
     settle(&host, &mut vm, 1);
     assert_eq!(host.resumed.get(), 1);
+}
+
+/// The VM reports its table on the tick: entries up to `table_capacity`, the capacity, the
+/// table's bytes and what was evicted, as changes to the host's stats (so Envoy sums the
+/// VMs); a second tick with nothing new leaves them as they are.
+#[test]
+fn the_tick_reports_the_tables_size_capacity_and_evictions() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "shared_slots": 0, "table_capacity": 64"#);
+    for i in 0..100 {
+        host.request(&format!("key-{i}"));
+        assert_eq!(request(&host, &mut vm, 10 + i), Verdict::Pause);
+    }
+    assert_eq!(
+        host.counter("strata.table.entries"),
+        0,
+        "reported on the tick only"
+    );
+    // The second tick finds nothing new: the stats stay as the first set them.
+    for _ in 0..2 {
+        vm.on_tick(&host);
+        assert_eq!(host.counter("strata.table.entries"), 64);
+        assert_eq!(host.counter("strata.table.capacity"), 64);
+        assert_eq!(host.counter("strata.table.evicted"), 36);
+        assert_eq!(host.counter("strata.replay.dropped"), 0);
+        let bytes = host.counter("strata.table.bytes");
+        assert!(bytes > 64 * 256 && bytes <= 64 * 304, "{bytes}");
+        // Natively there is no linear memory.
+        assert_eq!(host.counter("strata.memory.bytes"), 0);
+    }
 }

@@ -26,7 +26,7 @@ use crate::headers::{Field, HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
 use crate::request::{Begin, FailureMode, OriginCall};
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
-use crate::table::{CounterTable, LimitRequest, TableConfig};
+use crate::table::{CounterTable, LimitRequest, TableCapacity, TableConfig};
 use crate::window::WindowDuration;
 
 /// How a shell answers, besides its rules. The JSON both shells take (unknown fields refused).
@@ -49,6 +49,8 @@ pub struct GateOptions {
     pub client_address: String,
     /// With `x-forwarded-for`: trusted proxies before the one that connects.
     pub xff_num_trusted_hops: u32,
+    /// The most window keys the shell's table holds ([`TableCapacity`]).
+    pub table_capacity: TableCapacity,
 }
 
 impl Default for GateOptions {
@@ -60,6 +62,7 @@ impl Default for GateOptions {
             debug: false,
             client_address: "peer".to_string(),
             xff_num_trusted_hops: 0,
+            table_capacity: TableCapacity::default(),
         }
     }
 }
@@ -225,9 +228,14 @@ impl Gate {
         &self.options
     }
 
-    /// The table this gate's requests are decided on: `config` with the options' failure
-    /// mode, so a failed call, and the calls held off after one, decide as configured.
-    pub fn table(&self, mut config: TableConfig, seed: u64) -> CounterTable {
+    /// The table this gate's requests are decided on, as the options say: its capacity, and
+    /// the failure mode, so a failed call, and the calls held off after one, decide as
+    /// configured. `seed` keys its hash (randomness from the host).
+    pub fn table(&self, seed: u64) -> CounterTable {
+        let mut config = TableConfig {
+            capacity: self.options.table_capacity.get(),
+            ..TableConfig::default()
+        };
         config.origin.failure_mode = self.options.failure_mode;
         CounterTable::new(config, seed)
     }

@@ -22,6 +22,8 @@
 //! | [`table`] | the bounded single-threaded table of a process, and its decision API |
 //! | [`snapshot`] | a window key's state as bytes, for states kept outside a table (Envoy's shared data) |
 //! | [`slab`] | the table's storage: slots, hash index, CLOCK eviction |
+//! | `chunks` | the slots' vector: grows in chunks to the capacity, never past it, never moved |
+//! | [`memory`] | what a shell reports of its memory: table size, evictions, linear memory |
 //! | [`rules`] | the rule model of the Wasm shells: match a request, build its identifier |
 //! | [`gate`] | a Wasm shell's request path: rules → limits → origin calls → the reply |
 //! | [`driver`] | the request path as events in, actions polled out: coalescing, deadlines, replay |
@@ -100,6 +102,7 @@ extern crate alloc;
 
 pub mod address;
 pub mod cell;
+mod chunks;
 pub mod decision;
 pub mod driver;
 pub mod gate;
@@ -109,6 +112,7 @@ pub mod identity;
 pub mod lease;
 pub mod ledger;
 pub mod limit;
+pub mod memory;
 pub mod origin;
 pub mod policy;
 pub mod replay;

@@ -22,6 +22,7 @@ use foldhash::quality::FixedState;
 use hashbrown::HashTable;
 
 use crate::cell::WindowState;
+use crate::chunks::Chunks;
 use crate::identity::{WindowKey, WindowKeyRef};
 
 /// Most slots holding unreplayed cost one eviction passes over before it takes one.
@@ -73,7 +74,8 @@ pub(crate) struct Slab {
     /// for the capacity at once, 10,000 keys in a table of a million were spread over
     /// megabytes of index, a cache miss more per lookup.
     index: HashTable<IndexEntry>,
-    pub(crate) slots: Vec<Slot>,
+    /// Never more than the capacity, and never moved (see [`Chunks`]).
+    pub(crate) slots: Chunks<Slot>,
     /// One byte per slot: a dense array the hot path writes and the hand sweeps.
     clock: Vec<Clock>,
     free: Vec<u32>,
@@ -88,7 +90,8 @@ pub(crate) struct Slab {
     /// The last origin call id handed out (ids only grow, also across evicted entries).
     pub(crate) last_call: u64,
     hasher: FixedState,
-    capacity: usize,
+    /// Whether the index was sized for churn (the table filled once).
+    churn_sized: bool,
     pub(crate) stats: TableStats,
 }
 
@@ -101,7 +104,7 @@ impl Slab {
             } else {
                 HashTable::new()
             },
-            slots: Vec::new(),
+            slots: Chunks::new(capacity),
             clock: Vec::new(),
             free: Vec::new(),
             pinned: Vec::new(),
@@ -111,7 +114,7 @@ impl Slab {
             purge_at: 0,
             last_call: 0,
             hasher: FixedState::with_seed(seed),
-            capacity,
+            churn_sized: false,
             stats: TableStats::default(),
         }
     }
@@ -122,7 +125,7 @@ impl Slab {
 
     pub(crate) fn heap_bytes(&self) -> usize {
         let keys: usize = self.slots.iter().map(|s| s.key.heap_bytes()).sum();
-        self.slots.capacity() * core::mem::size_of::<Slot>()
+        self.slots.heap_bytes()
             + self.clock.capacity()
             + self.marked.capacity()
             + self.index.allocation_size()
@@ -181,25 +184,27 @@ impl Slab {
         let i = if let Some(i) = self.free.pop() {
             self.slots[i as usize] = fresh;
             i as usize
-        } else if self.slots.len() < self.capacity {
-            self.slots.push(fresh);
-            self.clock.push(Clock::Vacant);
-            self.marked.push(false);
-            // Room for every slot in the touched list, grown in step with the slab.
-            let room = self.slots.capacity();
-            if self.touched.capacity() < room {
-                self.touched.reserve(room - self.touched.len());
-            }
-            self.slots.len() - 1
         } else {
-            let i = self.victim();
-            if self.keep_unpublished {
-                self.stats.unpublished_lost += unpublished(&self.slots[i].state);
+            match self.slots.push(fresh) {
+                Ok(i) => {
+                    self.reserve_side();
+                    self.clock.push(Clock::Vacant);
+                    self.marked.push(false);
+                    i
+                }
+                // Full: the fresh entry takes a victim's slot.
+                Err(fresh) => {
+                    self.size_index_for_churn();
+                    let i = self.victim();
+                    if self.keep_unpublished {
+                        self.stats.unpublished_lost += unpublished(&self.slots[i].state);
+                    }
+                    self.release(i);
+                    self.stats.evicted += 1;
+                    self.slots[i] = fresh;
+                    i
+                }
             }
-            self.release(i);
-            self.stats.evicted += 1;
-            self.slots[i] = fresh;
-            i
         };
         // New entries start idle: a flood of one-off keys evicts itself first.
         self.clock[i] = Clock::Idle;
@@ -215,6 +220,33 @@ impl Slab {
         }
         self.touch(i);
         i
+    }
+
+    /// Room in the side arrays for every slot the chunks hold, reserved exactly as a chunk
+    /// comes (marking a slot as touched never allocates, and no array outgrows the slots).
+    fn reserve_side(&mut self) {
+        let room = self.slots.allocated();
+        if self.clock.capacity() < room {
+            self.clock.reserve_exact(room - self.clock.len());
+            self.marked.reserve_exact(room - self.marked.len());
+        }
+        if self.touched.capacity() < room {
+            self.touched.reserve_exact(room - self.touched.len());
+        }
+    }
+
+    /// Sizes the key index of a full table, once, for the churn evictions bring: an evicted
+    /// key leaves a tombstone, and an index more than 7/16 full grows when tombstones use up
+    /// its room rather than clean them in place, so it would double at a moment the hashes
+    /// pick. Grown now to twice the keys, it only ever cleans in place: its size is final
+    /// when the table first fills (about 1.2 MB at 50,000 keys).
+    fn size_index_for_churn(&mut self) {
+        if !self.churn_sized {
+            self.churn_sized = true;
+            let want = 2 * self.slots.len() + 2;
+            self.index
+                .reserve(want.saturating_sub(self.index.len()), IndexEntry::rehash);
+        }
     }
 
     /// The next slot not used since the hand last passed it, not pinned by the operation in

@@ -23,6 +23,58 @@ pub use crate::slab::TableStats;
 pub const DEFAULT_CAPACITY: usize = 200_000;
 /// The smallest table: a multi-limit request must fit without evicting its own entries.
 pub const MIN_CAPACITY: usize = 64;
+/// A Wasm shell's table when its `table_capacity` is not set: about 14 MB of linear memory
+/// when full (see [`BYTES_PER_ENTRY`]), well inside a Worker isolate's 128 MB beside the
+/// Worker's own JavaScript, and paid once per worker thread by an Envoy.
+pub const SHELL_CAPACITY: usize = 50_000;
+/// The largest `table_capacity` a Wasm shell takes: about 280 MB when full.
+pub const MAX_SHELL_CAPACITY: usize = 1_000_000;
+/// The most a full table holds per entry whose key's text fits inline (38 bytes of namespace
+/// and identifier; a longer one adds its length): the slot (key and both cells, 256 bytes),
+/// the eviction mark, the touched flag and its place in the replay list (6), and its share of
+/// the key index (9 bytes a bucket, from 2.3 to 4.6 buckets a key once the table's first
+/// eviction sized it for churn: see the test
+/// `a_full_table_holds_at_most_its_stated_bytes_per_key_and_stays_there`). Measured: 274
+/// bytes a key at 50,000 keys before any eviction, 286 after.
+pub const BYTES_PER_ENTRY: usize = 304;
+
+/// A Wasm shell's `table_capacity` (the edge's `STRATA_TABLE_CAPACITY`): the most window keys
+/// its table holds, from [`MIN_CAPACITY`] to [`MAX_SHELL_CAPACITY`]. A full table evicts the
+/// entry least recently used (see [`crate::slab`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct TableCapacity(usize);
+
+impl TableCapacity {
+    /// The entries it allows.
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl Default for TableCapacity {
+    fn default() -> Self {
+        Self(SHELL_CAPACITY)
+    }
+}
+
+impl TryFrom<u64> for TableCapacity {
+    type Error = alloc::string::String;
+    fn try_from(n: u64) -> Result<Self, Self::Error> {
+        match usize::try_from(n) {
+            Ok(n) if (MIN_CAPACITY..=MAX_SHELL_CAPACITY).contains(&n) => Ok(Self(n)),
+            _ => Err(alloc::format!(
+                "must be a whole number of window keys from {MIN_CAPACITY} to {MAX_SHELL_CAPACITY}, not {n}"
+            )),
+        }
+    }
+}
+
+impl From<TableCapacity> for u64 {
+    fn from(c: TableCapacity) -> u64 {
+        u64::try_from(c.0).unwrap_or(u64::MAX)
+    }
+}
 /// Table settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableConfig {

@@ -15,7 +15,7 @@ use strata_core::rules::ListRequest;
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, ReplayRequest,
 };
-use strata_core::{Counts, FailureMode, TableConfig};
+use strata_core::{Counts, FailureMode};
 
 const T0: u64 = 28_333_334 * 60_000; // a minute boundary
 const TIMEOUT: u64 = 250;
@@ -28,7 +28,7 @@ fn driver(mode: FailureMode, limit: u64) -> (Driver, TableStore) {
     }]});
     let options = json!({ "failure_mode": mode.as_str() }).to_string();
     let gate = Gate::from_json("edge", &rules.to_string(), &options).unwrap();
-    let table = gate.table(TableConfig::default(), 7);
+    let table = gate.table(7);
     let config = DriverConfig {
         timeout_ms: TIMEOUT,
         replay_interval_ms: INTERVAL,

@@ -1216,7 +1216,7 @@ fn failure_modes_allow_and_deny() {
     for (mode, allowed) in [("allow", true), ("deny", false)] {
         let options = json!({"failure_mode": mode, "debug": true}).to_string();
         let g = gate(&[rule(json!([generic("x")]), json!({}))], &options);
-        let mut t = g.table(TableConfig::default(), 7);
+        let mut t = g.table(7);
         let mut pending = g.start(&mut t, &get("/"), T0).unwrap();
         pending.fail(&mut t, ENFORCED, T0);
         assert!(pending.is_done());
@@ -1630,4 +1630,34 @@ proptest! {
         }
         prop_assert_eq!(allowed, a.min(b));
     }
+}
+
+/// `table_capacity` is one option of both Wasm shells: the table a gate makes holds what it
+/// says (the default when unset), and a value out of bounds or not a whole number is refused
+/// naming the field.
+#[test]
+fn table_capacity_sizes_the_gates_table_and_is_refused_out_of_bounds() {
+    use strata_core::table::{MAX_SHELL_CAPACITY, MIN_CAPACITY, SHELL_CAPACITY};
+    let rules = r#"{"rules": []}"#;
+    let capacity =
+        |options: &str| Gate::from_json("ws", rules, options).map(|g| g.table(1).config().capacity);
+    assert_eq!(capacity(""), Ok(SHELL_CAPACITY));
+    assert_eq!(capacity(r#"{"table_capacity": 5000}"#), Ok(5_000));
+    assert_eq!(
+        capacity(&format!(r#"{{"table_capacity": {MIN_CAPACITY}}}"#)),
+        Ok(MIN_CAPACITY)
+    );
+    for bad in [
+        "0".to_string(),
+        (MIN_CAPACITY - 1).to_string(),
+        (MAX_SHELL_CAPACITY + 1).to_string(),
+        "-5".into(),
+        "1.5".into(),
+        r#""many""#.into(),
+    ] {
+        let e = capacity(&format!(r#"{{"table_capacity": {bad}}}"#)).unwrap_err();
+        assert!(e.to_string().contains("table_capacity"), "{bad}: {e}");
+    }
+    let e = capacity(r#"{"table_capacity": 10}"#).unwrap_err();
+    assert!(e.to_string().contains("from 64 to 1000000"), "{e}");
 }

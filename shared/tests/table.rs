@@ -9,7 +9,7 @@
 
 use strata_core::lease::LEASE_IDLE_MS;
 use strata_core::replay::QuietPace;
-use strata_core::table::{LimitRequest, MIN_CAPACITY, Step};
+use strata_core::table::{BYTES_PER_ENTRY, LimitRequest, MIN_CAPACITY, Step};
 use strata_core::{
     Begin, CounterTable, Counts, FailureMode, OriginAnswer, OriginCall, OriginPlan, PublishPolicy,
     Reason, TableConfig, WindowDuration, WindowKeyRef,
@@ -129,6 +129,34 @@ fn a_multi_limit_request_never_evicts_its_own_entries() {
     assert!(m.success);
     for l in &limits {
         assert_eq!(t.get(l.key).unwrap().current().counts().regional, 1);
+    }
+}
+
+/// What the README and the shells state: a full table holds at most `BYTES_PER_ENTRY` a key
+/// (keys of typical length: the text inline). Its first eviction sizes the key index for
+/// churn once; from then on nothing grows, however many more keys come.
+#[test]
+fn a_full_table_holds_at_most_its_stated_bytes_per_key_and_stays_there() {
+    for capacity in [MIN_CAPACITY, 1_000, 50_000] {
+        let mut t = small(capacity);
+        let ids = names(4 * capacity);
+        let mut bytes = Vec::new();
+        for round in ids.chunks(capacity) {
+            for id in round {
+                t.decide(key(id), 10, 0, T0);
+            }
+            assert_eq!(t.len(), capacity);
+            bytes.push(t.heap_bytes());
+        }
+        eprintln!("{capacity} keys: bytes after each round of as many new keys: {bytes:?}");
+        assert_eq!(t.stats().evicted, 3 * capacity as u64);
+        let most = bytes.iter().copied().max().unwrap_or(0);
+        assert!(
+            most <= capacity * BYTES_PER_ENTRY,
+            "{capacity} keys: {most} bytes, {} a key",
+            most / capacity
+        );
+        assert_eq!(bytes[1], bytes[3], "{capacity}: memory still grows");
     }
 }
 
@@ -726,11 +754,12 @@ fn too_many_limits_for_the_table_is_an_error_not_a_panic() {
 fn a_full_table_holds_its_memory_flat() {
     let ids = names(5_000);
     let mut t = small(1_000);
-    for id in &ids[..1_000] {
+    // Full, and one eviction: it sized the key index for churn.
+    for id in &ids[..1_001] {
         t.decide(key(id), 10, 1, T0);
     }
     let full = t.heap_bytes();
-    for id in &ids[1_000..] {
+    for id in &ids[1_001..] {
         t.decide(key(id), 10, 1, T0);
     }
     assert_eq!(t.len(), 1_000);

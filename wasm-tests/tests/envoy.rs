@@ -463,3 +463,55 @@ async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
     })
     .await;
 }
+
+/// The memory table (`common::memory`): two worker VMs' tables of 2,000 keys under 16,000
+/// distinct keys (no shared slots: every key in the VMs' own memory): the VMs' figures stay
+/// at the bound, the hot key exact, every admitted request counted at the gateway or reported
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
+    use common::memory::{Figures, LIMIT, Tables, capacity, flood};
+    let mut s = stack().await;
+    let e = envoy(
+        &s,
+        &per_key(LIMIT),
+        &json!({"table_capacity": capacity(), "shared_slots": 0}),
+    )
+    .await;
+    let http = s.http.clone();
+    let figures = || async {
+        // The VMs report on their tick: read until two reads a few ticks apart agree.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = None;
+        loop {
+            let stats = e.stats(&http, "wasmcustom.strata.").await;
+            let get = |name: &str| {
+                let key = format!("wasmcustom.strata.{name}");
+                stats.iter().find(|(n, _)| *n == key).map_or(0, |(_, v)| *v)
+            };
+            let now = Figures {
+                entries: get("table.entries"),
+                capacity: get("table.capacity"),
+                evicted: get("table.evicted"),
+                replay_dropped: get("replay.dropped"),
+                linear_bytes: get("memory.bytes"),
+                decided_origin: get("decided.origin"),
+            };
+            if last == Some(now) && now.capacity > 0 {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the figures never settled: {now:?}"
+            );
+            last = Some(now);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let tables = Tables {
+        reporting: 3,
+        serving: 2,
+    };
+    flood(&mut s, "envoy", &e.base, tables, figures).await;
+    assert!(!e.log().contains("panicked"), "{}", e.log());
+}

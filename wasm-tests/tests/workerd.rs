@@ -491,3 +491,50 @@ async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
     })
     .await;
 }
+
+/// The memory table (`common::memory`): an isolate's table of 2,000 keys under 8,000 distinct
+/// keys stays at its bound, the hot key exact, every admitted request counted at the gateway
+/// or reported dropped; and a capacity out of bounds is refused naming the var.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
+    use common::memory::{Figures, LIMIT, Tables, capacity, flood};
+    let mut s = stack().await;
+    let rules = per_key_rules(LIMIT);
+    let capacity = capacity().to_string();
+    let mut vars = edge_vars(&s, &rules);
+    vars.extend([
+        ("STRATA_TABLE_CAPACITY", capacity.as_str()),
+        ("STRATA_DEBUG", "true"),
+    ]);
+    let mut edge = Workerd::proxy(&vars);
+    edge.ready().await;
+    let (http, stats) = (s.http.clone(), format!("{}/__strata/stats", edge.base));
+    let figures = || async {
+        let (_, _, stats) = get(&http, &stats, &[]).await;
+        let stats: Value = serde_json::from_str(&stats).unwrap();
+        let table = &stats["table"];
+        Figures {
+            entries: table["entries"].as_u64().unwrap(),
+            capacity: table["capacity"].as_u64().unwrap(),
+            evicted: table["evicted"].as_u64().unwrap(),
+            replay_dropped: table["replay_dropped"].as_u64().unwrap(),
+            linear_bytes: stats["memory_bytes"].as_u64().unwrap(),
+            decided_origin: stats["decided"]["origin"].as_u64().unwrap(),
+        }
+    };
+    let tables = Tables {
+        reporting: 1,
+        serving: 1,
+    };
+    flood(&mut s, "workerd", &edge.base, tables, figures).await;
+
+    for bad in ["10", "2000000", "lots"] {
+        let mut vars = edge_vars(&s, &rules);
+        vars.push(("STRATA_TABLE_CAPACITY", bad));
+        let mut edge = Workerd::proxy(&vars);
+        edge.ready().await;
+        let (status, _, body) = get(&s.http, &edge.base, &[]).await;
+        assert_eq!(status, 500, "STRATA_TABLE_CAPACITY={bad}: {body}");
+        assert!(body.contains("table_capacity"), "{bad}: {body}");
+    }
+}

@@ -16,6 +16,7 @@ pub mod conformance;
 pub mod envoy;
 pub mod hostile;
 pub mod identity;
+pub mod memory;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]

@@ -1,0 +1,151 @@
+//! The slab's slot storage: a vector that grows in chunks and never moves what it holds, up to
+//! a bound it never passes.
+//!
+//! A `Vec` that doubles as it fills ends up to twice the size it needs (200,000 slots of 256
+//! bytes reserved 262,144), and each doubling holds the old and the new buffer at once. In a
+//! WebAssembly module that peak is for good: linear memory never shrinks. Here chunk `k` holds
+//! `FIRST << (k - 1)` slots (the first, `FIRST`), is allocated once at its final size, and the
+//! last is cut to the bound, so what the slots hold is at most the bound's slots and a growth
+//! copies nothing. Finding slot `i` is a shift, a leading-zero count and one more pointer.
+
+use alloc::vec::Vec;
+use core::ops::{Index, IndexMut};
+
+/// Slots in the first chunk; chunk `k >= 1` holds `FIRST << (k - 1)`, so chunk `k` starts at
+/// slot `FIRST << (k - 1)` (and chunk 0 at 0).
+const FIRST: usize = 64;
+
+/// Chunk and offset of slot `i`.
+fn place(i: usize) -> (usize, usize) {
+    let q = i / FIRST;
+    if q == 0 {
+        return (0, i);
+    }
+    // q is in [2^(k-1), 2^k) for chunk k.
+    let k = (usize::BITS - q.leading_zeros()) as usize;
+    (k, i - (FIRST << (k - 1)))
+}
+
+/// Slots of chunk `k` for a vector bounded at `bound`.
+fn chunk_len(k: usize, bound: usize) -> usize {
+    let (start, len) = if k == 0 {
+        (0, FIRST)
+    } else {
+        (FIRST << (k - 1), FIRST << (k - 1))
+    };
+    len.min(bound.saturating_sub(start))
+}
+
+/// A growable vector of at most `bound` items whose items never move.
+#[derive(Debug)]
+pub(crate) struct Chunks<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+    bound: usize,
+}
+
+impl<T> Chunks<T> {
+    /// An empty vector that will hold at most `bound` items.
+    pub(crate) fn new(bound: usize) -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+            bound,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Items the allocated chunks have room for.
+    pub(crate) fn allocated(&self) -> usize {
+        self.chunks.iter().map(Vec::capacity).sum()
+    }
+
+    /// Bytes the chunks and their list take.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.allocated() * core::mem::size_of::<T>()
+            + self.chunks.capacity() * core::mem::size_of::<Vec<T>>()
+    }
+
+    /// Appends `value` at index `len()`; gives it back when the vector is at its bound.
+    pub(crate) fn push(&mut self, value: T) -> Result<usize, T> {
+        if self.len >= self.bound {
+            return Err(value);
+        }
+        let (k, _) = place(self.len);
+        if k == self.chunks.len() {
+            self.chunks
+                .push(Vec::with_capacity(chunk_len(k, self.bound)));
+        }
+        match self.chunks.get_mut(k) {
+            Some(chunk) => chunk.push(value),
+            None => return Err(value),
+        }
+        self.len += 1;
+        Ok(self.len - 1)
+    }
+
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        let (k, o) = place(i);
+        self.chunks.get_mut(k)?.get_mut(o)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+}
+
+impl<T> Index<usize> for Chunks<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        let (k, o) = place(i);
+        &self.chunks[k][o]
+    }
+}
+
+impl<T> IndexMut<usize> for Chunks<T> {
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        let (k, o) = place(i);
+        &mut self.chunks[k][o]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_index_has_one_place_and_chunks_double() {
+        let mut seen = Vec::new();
+        for i in 0..10_000 {
+            let (k, o) = place(i);
+            assert!(o < chunk_len(k, usize::MAX), "{i} -> ({k}, {o})");
+            if o == 0 {
+                seen.push((k, i));
+            }
+        }
+        assert_eq!(&seen[..5], &[(0, 0), (1, 64), (2, 128), (3, 256), (4, 512)]);
+    }
+
+    /// Filled to its bound, the vector holds exactly the bound, where a doubling `Vec`
+    /// would hold the next power of two; pushing past it gives the item back.
+    #[test]
+    fn it_never_allocates_past_its_bound_and_items_stay_put() {
+        let bound = 50_000;
+        let mut v = Chunks::new(bound);
+        for i in 0..bound {
+            assert_eq!(v.push(i), Ok(i));
+        }
+        assert_eq!(v.push(7), Err(7));
+        assert_eq!((v.len(), v.allocated()), (bound, bound));
+        let first: *const usize = &v[0];
+        assert!((0..bound).all(|i| v[i] == i));
+        assert_eq!(v.get_mut(bound), None);
+        assert_eq!(v.iter().count(), bound);
+        v[3] = 30;
+        assert_eq!(v.get_mut(3).map(|x| *x), Some(30));
+        assert!(core::ptr::eq(first, &v[0]));
+    }
+}

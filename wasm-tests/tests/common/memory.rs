@@ -1,0 +1,310 @@
+//! The memory table, run through workerd and Envoy alike: a shell whose tables hold
+//! `capacity()` window keys each under a flood of `rounds()` times as many distinct keys (each
+//! sent twice, so most are also replayed), with a hot key limited throughout. What the shell
+//! reports of itself must stay at its bound, and nothing it admitted may go missing from Redis.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_core::table::BYTES_PER_ENTRY;
+
+use super::stack::{DAY_MS, Stack, admitted, now_ms};
+
+/// The shells' `table_capacity` in the test command's run.
+const CAPACITY: u64 = 2_000;
+
+/// The shells' `table_capacity`: `CAPACITY`, or `STRATA_FLOOD_CAPACITY` for the longer runs
+/// of `docs/BENCHMARKS.md` (64 to 1,000,000).
+pub fn capacity() -> u64 {
+    std::env::var("STRATA_FLOOD_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CAPACITY)
+}
+/// Rounds in the test command's run.
+const ROUNDS: u64 = 4;
+
+/// Rounds of new keys: `ROUNDS`, or `STRATA_FLOOD_ROUNDS` (at least 4) for the longer runs.
+pub fn rounds() -> u64 {
+    std::env::var("STRATA_FLOOD_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS)
+        .max(ROUNDS)
+}
+/// The rule's limit (`per_key_rules(LIMIT)`): the hot key's, and every flood key's.
+pub const LIMIT: u64 = 50;
+/// Requests on the hot key in each round.
+const HOT_PER_ROUND: usize = 25;
+/// A WebAssembly page: linear memory grows by whole pages.
+const PAGE: u64 = 65_536;
+/// Requests in flight.
+const IN_FLIGHT: usize = 16;
+/// What a VM holds besides its table that a flood may grow (requests and calls in flight,
+/// their JSON): well under a megabyte in every run so far.
+pub const HEADROOM: u64 = 1 << 20;
+
+/// What a shell reports of its memory (summed over an Envoy's VMs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    pub entries: u64,
+    pub capacity: u64,
+    pub evicted: u64,
+    pub replay_dropped: u64,
+    pub linear_bytes: u64,
+    /// Requests the gateway decided.
+    pub decided_origin: u64,
+}
+
+/// Where a shell keeps its keys: the tables that report (an Envoy's VMs, one per worker and
+/// one on the main thread) and those that take requests (the workers'). A round sends
+/// `serving` times the capacity in new keys, so every table fills and churns.
+#[derive(Clone, Copy, Debug)]
+pub struct Tables {
+    pub reporting: u64,
+    pub serving: u64,
+}
+
+/// The flood through the shell at `base`; `figures` reads what it reports once it has
+/// settled after the requests.
+pub async fn flood<F, Fut>(s: &mut Stack, runtime: &str, base: &str, t: Tables, figures: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Figures>,
+{
+    let (capacity, rounds) = (capacity(), rounds());
+    let tables = t.serving;
+    let per_round = tables * capacity;
+    let start = figures().await;
+    assert_eq!(
+        start.capacity,
+        t.reporting * capacity,
+        "{runtime}: {start:?}"
+    );
+    let run = format!("flood-{}-{}", std::process::id(), now_ms());
+    let hot = format!("{run}-hot");
+    let at = now_ms();
+    let (mut passed, mut hot_passed, mut reports) = (0_u64, 0_u64, Vec::new());
+    for round in 0..rounds {
+        let keys: Vec<String> = (0..per_round)
+            .map(|i| format!("{run}-{round}-{i}"))
+            .collect();
+        let (p, h) = send_round(&s.http, base, &keys, Some(&hot)).await;
+        passed += p;
+        hot_passed += h;
+        reports.push(figures().await);
+    }
+    let linear: Vec<u64> = reports.iter().map(|f| f.linear_bytes).collect();
+    eprintln!(
+        "{runtime}: {tables} table(s) of {capacity} keys, {} distinct keys sent; linear memory at start {} B, after each round {linear:?}; {reports:?}",
+        rounds * per_round + 1,
+        start.linear_bytes
+    );
+
+    // The hot key stays exact throughout.
+    assert_eq!(
+        hot_passed, LIMIT,
+        "{runtime}: the hot key admitted {hot_passed}"
+    );
+    assert_eq!(
+        s.settles_at("e2e", &format!("key={hot}"), LIMIT).await,
+        LIMIT,
+        "{runtime}: the hot key's count at the gateway"
+    );
+    // Each flood key is far from its limit: both of its requests pass.
+    assert_eq!(
+        passed,
+        2 * rounds * per_round,
+        "{runtime}: flood keys denied"
+    );
+
+    let last = reports.last().copied().unwrap_or_default();
+    for f in &reports {
+        assert!(f.entries <= tables * capacity, "{runtime}: {f:?}");
+    }
+    assert!(
+        last.evicted + last.entries >= rounds * per_round,
+        "{runtime}: keys neither held nor evicted: {last:?}"
+    );
+    // Linear memory: reached within the stated bound, and no growth once churn set in.
+    let bound = start.linear_bytes + tables * (capacity * BYTES_PER_ENTRY as u64 + HEADROOM);
+    for f in &reports {
+        assert!(
+            f.linear_bytes <= bound,
+            "{runtime}: linear memory {} over the bound {bound}",
+            f.linear_bytes
+        );
+    }
+    // By the end of round 2 every table was full and evicting (its index sized for churn);
+    // the allocator may still take a page now and then for what requests hold a moment
+    // (one of 64 KiB in a VM in one round has been seen), never more.
+    assert!(
+        linear[linear.len() - 1] - linear[linear.len() - 2] <= PAGE * tables,
+        "{runtime}: linear memory still grew in the last round: {linear:?}"
+    );
+
+    // Every admitted request counted at the gateway, or reported dropped.
+    let identifiers: Vec<String> = (0..rounds)
+        .flat_map(|r| {
+            let run = &run;
+            (0..per_round).map(move |i| format!("key={run}-{r}-{i}"))
+        })
+        .collect();
+    let dropped = accounted(s, runtime, &identifiers, at, passed, &figures).await;
+    assert_eq!(
+        dropped, 0,
+        "{runtime}: the gateway was up, yet counts were dropped"
+    );
+
+    // A key of the first round, long evicted, comes back cold: the gateway decides it, and
+    // with the count it kept.
+    let before = figures().await.decided_origin;
+    let back = format!("{run}-0-1");
+    assert!(admitted(&s.http, base, &back).await.unwrap());
+    assert_eq!(
+        figures().await.decided_origin,
+        before + 1,
+        "{runtime}: an evicted key came back without the gateway"
+    );
+    assert_eq!(s.settles_at("e2e", &format!("key={back}"), 3).await, 3);
+
+    // An outage: the gateway's Redis away while twice as many new keys come as the tables
+    // hold, all decided from memory (the failure mode `local`), so a table full of unreplayed
+    // entries must evict some; once Redis is back, what was replayed and what was reported
+    // dropped add up to what was admitted.
+    s.redis.stop();
+    let keys: Vec<String> = (0..2 * per_round)
+        .map(|i| format!("{run}-outage-{i}"))
+        .collect();
+    let (passed, _) = send_round(&s.http, base, &keys, None).await;
+    s.redis.restart();
+    let identifiers: Vec<String> = keys.iter().map(|k| format!("key={k}")).collect();
+    let dropped = accounted(s, runtime, &identifiers, at, passed, &figures).await;
+    assert!(
+        dropped > 0,
+        "{runtime}: a table full of unreplayed entries evicted one, yet nothing was reported dropped"
+    );
+}
+
+/// Polls (20 s at most: after an outage the shell's replay backs off up to 5 s) until the gateway's counts of `identifiers` and the shell's dropped
+/// cost add up to `passed`; the cost dropped.
+async fn accounted<F, Fut>(
+    s: &Stack,
+    runtime: &str,
+    identifiers: &[String],
+    at: u64,
+    passed: u64,
+    figures: &F,
+) -> u64
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Figures>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let counted = counted(s, identifiers, at).await;
+        let dropped = figures().await.replay_dropped;
+        if counted.as_ref().is_ok_and(|c| c + dropped == passed) {
+            eprintln!(
+                "{runtime}: {passed} admitted, {counted:?} counted at the gateway, {dropped} dropped"
+            );
+            return dropped;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{runtime}: {passed} admitted, but the gateway counts {counted:?} and {dropped} were reported dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Each key twice in a row, and the hot key `HOT_PER_ROUND` times among them, `IN_FLIGHT`
+/// at once: the flood's passes and the hot key's.
+async fn send_round(
+    http: &reqwest::Client,
+    base: &str,
+    keys: &[String],
+    hot: Option<&str>,
+) -> (u64, u64) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    // Without a hot key, no turn is its.
+    let every = hot.map_or(usize::MAX, |_| keys.len() / HOT_PER_ROUND);
+    let mut tasks = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let (http, base, gate) = (http.clone(), base.to_string(), gate.clone());
+        let (key, is_hot) = if let Some(hot) = hot.filter(|_| i % every == 0) {
+            (hot.to_string(), true)
+        } else {
+            (key.clone(), false)
+        };
+        let times = if is_hot { 1 } else { 2 };
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            let mut n = 0;
+            for _ in 0..times {
+                n += u64::from(admitted(&http, &base, &key).await.unwrap());
+            }
+            (n, is_hot)
+        }));
+    }
+    // The keys the hot key's turns took are sent after.
+    for key in keys.iter().step_by(every).filter(|_| hot.is_some()) {
+        let (http, base, gate, key) = (http.clone(), base.to_string(), gate.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            let mut n = 0;
+            for _ in 0..2 {
+                n += u64::from(admitted(&http, &base, &key).await.unwrap());
+            }
+            (n, false)
+        }));
+    }
+    let (mut passed, mut hot_passed) = (0, 0);
+    for t in tasks {
+        let (n, is_hot) = t.await.unwrap();
+        if is_hot {
+            hot_passed += n;
+        } else {
+            passed += n;
+        }
+    }
+    (passed, hot_passed)
+}
+
+/// The gateway's counts of the one-day cells of `identifiers` at `at`, summed; what it
+/// answered instead.
+async fn counted(s: &Stack, identifiers: &[String], at: u64) -> Result<u64, String> {
+    let mut sum = 0;
+    for batch in identifiers.chunks(1_000) {
+        let cells: Vec<serde_json::Value> = batch
+            .iter()
+            .map(|id| {
+                serde_json::json!({"namespace": "e2e", "identifier": id,
+                    "duration": DAY_MS, "sequence": at / DAY_MS})
+            })
+            .collect();
+        let r: serde_json::Value = s
+            .http
+            .post(format!("{}/v1/origin/read", s.gateway()))
+            .json(&serde_json::json!({ "cells": cells }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let read = r["cells"].as_array().map_or(0, Vec::len);
+        if read != batch.len() {
+            // Its Redis just came back (the breaker may still be open): not yet.
+            return Err(r.to_string());
+        }
+        sum += r["cells"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c["regional"].as_u64().unwrap_or(0))
+            .sum::<u64>();
+    }
+    Ok(sum)
+}

@@ -3,37 +3,28 @@
 //!
 //! A `Vec` that doubles as it fills ends up to twice the size it needs (200,000 slots of 256
 //! bytes reserved 262,144), and each doubling holds the old and the new buffer at once. In a
-//! WebAssembly module that peak is for good: linear memory never shrinks. Here chunk `k` holds
-//! `FIRST << (k - 1)` slots (the first, `FIRST`), is allocated once at its final size, and the
-//! last is cut to the bound, so what the slots hold is at most the bound's slots and a growth
-//! copies nothing. Finding slot `i` is a shift, a leading-zero count and one more pointer.
+//! WebAssembly module that peak is for good: linear memory never shrinks. Here each chunk of
+//! `CHUNK` slots (1 MiB) is allocated once at its size and the last is cut to the bound, so
+//! the slots never take more than the bound's bytes and a growth copies nothing. Finding slot
+//! `i` is a shift, a mask and one more load, from a short list of chunks that stays in cache:
+//! chunks that double in size (fewer of them, for small tables) cost 24% more than one `Vec`
+//! at 100,000 keys for finding a chunk by its leading zeros, fixed ones 8%
+//! (`docs/BENCHMARKS.md`).
 
 use alloc::vec::Vec;
 use core::ops::{Index, IndexMut};
 
-/// Slots in the first chunk; chunk `k >= 1` holds `FIRST << (k - 1)`, so chunk `k` starts at
-/// slot `FIRST << (k - 1)` (and chunk 0 at 0).
-const FIRST: usize = 64;
+/// Slots a chunk holds (a power of two); the last is cut to the bound.
+const CHUNK: usize = 4096;
 
 /// Chunk and offset of slot `i`.
 fn place(i: usize) -> (usize, usize) {
-    let q = i / FIRST;
-    if q == 0 {
-        return (0, i);
-    }
-    // q is in [2^(k-1), 2^k) for chunk k.
-    let k = (usize::BITS - q.leading_zeros()) as usize;
-    (k, i - (FIRST << (k - 1)))
+    (i / CHUNK, i % CHUNK)
 }
 
 /// Slots of chunk `k` for a vector bounded at `bound`.
 fn chunk_len(k: usize, bound: usize) -> usize {
-    let (start, len) = if k == 0 {
-        (0, FIRST)
-    } else {
-        (FIRST << (k - 1), FIRST << (k - 1))
-    };
-    len.min(bound.saturating_sub(start))
+    CHUNK.min(bound.saturating_sub(k * CHUNK))
 }
 
 /// A growable vector of at most `bound` items whose items never move.
@@ -117,16 +108,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_index_has_one_place_and_chunks_double() {
-        let mut seen = Vec::new();
-        for i in 0..10_000 {
-            let (k, o) = place(i);
-            assert!(o < chunk_len(k, usize::MAX), "{i} -> ({k}, {o})");
-            if o == 0 {
-                seen.push((k, i));
-            }
-        }
-        assert_eq!(&seen[..5], &[(0, 0), (1, 64), (2, 128), (3, 256), (4, 512)]);
+    fn every_index_has_one_place_in_chunks_cut_to_the_bound() {
+        assert_eq!(place(0), (0, 0));
+        assert_eq!(place(CHUNK - 1), (0, CHUNK - 1));
+        assert_eq!(place(CHUNK), (1, 0));
+        assert_eq!(place(5 * CHUNK + 7), (5, 7));
+        assert_eq!(chunk_len(0, 64), 64);
+        assert_eq!(chunk_len(1, CHUNK + 10), 10);
+        assert_eq!(chunk_len(2, 50_000), CHUNK);
     }
 
     /// Filled to its bound, the vector holds exactly the bound, where a doubling `Vec`

@@ -470,12 +470,12 @@ async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
 /// dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
-    use common::memory::{Figures, LIMIT, Tables, capacity, flood};
+    use common::memory::{Figures, LIMIT, TIMEOUT_MS, Tables, capacity, flood};
     let mut s = stack().await;
     let e = envoy(
         &s,
         &per_key(LIMIT),
-        &json!({"table_capacity": capacity(), "shared_slots": 0}),
+        &json!({"table_capacity": capacity(), "shared_slots": 0, "timeout_ms": TIMEOUT_MS}),
     )
     .await;
     let http = s.http.clone();
@@ -496,6 +496,7 @@ async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
                 replay_dropped: get("replay.dropped"),
                 linear_bytes: get("memory.bytes"),
                 decided_origin: get("decided.origin"),
+                origin_failures: get("origin.failures"),
             };
             if last == Some(now) && now.capacity > 0 {
                 return now;

@@ -497,13 +497,14 @@ async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {
 /// or reported dropped; and a capacity out of bounds is refused naming the var.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
-    use common::memory::{Figures, LIMIT, Tables, capacity, flood};
+    use common::memory::{Figures, LIMIT, TIMEOUT_MS, Tables, capacity, flood};
     let mut s = stack().await;
     let rules = per_key_rules(LIMIT);
-    let capacity = capacity().to_string();
+    let (capacity, timeout) = (capacity().to_string(), TIMEOUT_MS.to_string());
     let mut vars = edge_vars(&s, &rules);
     vars.extend([
         ("STRATA_TABLE_CAPACITY", capacity.as_str()),
+        ("STRATA_TIMEOUT_MS", timeout.as_str()),
         ("STRATA_DEBUG", "true"),
     ]);
     let mut edge = Workerd::proxy(&vars);
@@ -520,6 +521,7 @@ async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
             replay_dropped: table["replay_dropped"].as_u64().unwrap(),
             linear_bytes: stats["memory_bytes"].as_u64().unwrap(),
             decided_origin: stats["decided"]["origin"].as_u64().unwrap(),
+            origin_failures: stats["origin_failures"].as_u64().unwrap(),
         }
     };
     let tables = Tables {

@@ -11,32 +11,41 @@ use strata_core::table::BYTES_PER_ENTRY;
 
 use super::stack::{DAY_MS, Stack, admitted, now_ms};
 
+/// The shells' bound on a request's wait for the gateway in the test (`STRATA_TIMEOUT_MS`,
+/// `timeout_ms`): above the default, so a gateway that a flood of cold keys slows is still
+/// waited for (timeouts have tests of their own) and the accounting below stays exact.
+pub const TIMEOUT_MS: u64 = 2_000;
 /// The shells' `table_capacity` in the test command's run.
 const CAPACITY: u64 = 2_000;
-
-/// The shells' `table_capacity`: `CAPACITY`, or `STRATA_FLOOD_CAPACITY` for the longer runs
-/// of `docs/BENCHMARKS.md` (64 to 1,000,000).
-pub fn capacity() -> u64 {
-    std::env::var("STRATA_FLOOD_CAPACITY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CAPACITY)
-}
-/// Rounds in the test command's run.
+/// Rounds of new keys in the test command's run.
 const ROUNDS: u64 = 4;
 
-/// Rounds of new keys: `ROUNDS`, or `STRATA_FLOOD_ROUNDS` (at least 4) for the longer runs.
-pub fn rounds() -> u64 {
-    std::env::var("STRATA_FLOOD_ROUNDS")
+/// A figure of the run: `default`, or the environment's `name` for the longer runs of
+/// `docs/BENCHMARKS.md`.
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(ROUNDS)
-        .max(ROUNDS)
+        .unwrap_or(default)
 }
+
+/// The shells' `table_capacity`: `STRATA_FLOOD_CAPACITY` (64 to 1,000,000) or `CAPACITY`.
+pub fn capacity() -> u64 {
+    setting("STRATA_FLOOD_CAPACITY", CAPACITY)
+}
+
+/// Rounds of new keys: `STRATA_FLOOD_ROUNDS` (at least 4) or `ROUNDS`.
+pub fn rounds() -> u64 {
+    setting("STRATA_FLOOD_ROUNDS", ROUNDS).max(ROUNDS)
+}
+
 /// The rule's limit (`per_key_rules(LIMIT)`): the hot key's, and every flood key's.
 pub const LIMIT: u64 = 50;
 /// Requests on the hot key in each round.
 const HOT_PER_ROUND: usize = 25;
+/// What an allocation of a key's text costs beyond its bytes (the allocator's header and
+/// rounding).
+const KEY_HEADER: u64 = 16;
 /// A WebAssembly page: linear memory grows by whole pages.
 const PAGE: u64 = 65_536;
 /// Requests in flight.
@@ -55,6 +64,8 @@ pub struct Figures {
     pub linear_bytes: u64,
     /// Requests the gateway decided.
     pub decided_origin: u64,
+    /// Decision calls that failed (no answer in time, or an error).
+    pub origin_failures: u64,
 }
 
 /// Where a shell keeps its keys: the tables that report (an Envoy's VMs, one per worker and
@@ -127,8 +138,12 @@ where
         last.evicted + last.entries >= rounds * per_round,
         "{runtime}: keys neither held nor evicted: {last:?}"
     );
-    // Linear memory: reached within the stated bound, and no growth once churn set in.
-    let bound = start.linear_bytes + tables * (capacity * BYTES_PER_ENTRY as u64 + HEADROOM);
+    // Linear memory: reached within the stated bound, and no growth once churn set in. The
+    // test's keys are longer than a slot holds inline: each adds its text (workspace,
+    // namespace and identifier) and the allocator's header, as the README says.
+    let text = format!("envoy|e2e|key={run}-{rounds}-{per_round}").len() as u64 + KEY_HEADER;
+    let per_key = BYTES_PER_ENTRY as u64 + text;
+    let bound = start.linear_bytes + tables * (capacity * per_key + HEADROOM);
     for f in &reports {
         assert!(
             f.linear_bytes <= bound,
@@ -151,7 +166,7 @@ where
             (0..per_round).map(move |i| format!("key={run}-{r}-{i}"))
         })
         .collect();
-    let dropped = accounted(s, runtime, &identifiers, at, passed, &figures).await;
+    let dropped = accounted(s, runtime, &identifiers, at, passed, start, &figures).await;
     assert_eq!(
         dropped, 0,
         "{runtime}: the gateway was up, yet counts were dropped"
@@ -159,20 +174,23 @@ where
 
     // A key of the first round, long evicted, comes back cold: the gateway decides it, and
     // with the count it kept.
-    let before = figures().await.decided_origin;
+    let decided = figures().await.decided_origin;
     let back = format!("{run}-0-1");
+    let id = format!("key={back}");
+    let had = counted(s, std::slice::from_ref(&id), at).await.unwrap();
     assert!(admitted(&s.http, base, &back).await.unwrap());
     assert_eq!(
         figures().await.decided_origin,
-        before + 1,
+        decided + 1,
         "{runtime}: an evicted key came back without the gateway"
     );
-    assert_eq!(s.settles_at("e2e", &format!("key={back}"), 3).await, 3);
+    assert_eq!(s.settles_at("e2e", &id, had + 1).await, had + 1);
 
     // An outage: the gateway's Redis away while twice as many new keys come as the tables
     // hold, all decided from memory (the failure mode `local`), so a table full of unreplayed
     // entries must evict some; once Redis is back, what was replayed and what was reported
     // dropped add up to what was admitted.
+    let before = figures().await;
     s.redis.stop();
     let keys: Vec<String> = (0..2 * per_round)
         .map(|i| format!("{run}-outage-{i}"))
@@ -180,21 +198,27 @@ where
     let (passed, _) = send_round(&s.http, base, &keys, None).await;
     s.redis.restart();
     let identifiers: Vec<String> = keys.iter().map(|k| format!("key={k}")).collect();
-    let dropped = accounted(s, runtime, &identifiers, at, passed, &figures).await;
+    let dropped = accounted(s, runtime, &identifiers, at, passed, before, &figures).await;
     assert!(
         dropped > 0,
         "{runtime}: a table full of unreplayed entries evicted one, yet nothing was reported dropped"
     );
 }
 
-/// Polls (20 s at most: after an outage the shell's replay backs off up to 5 s) until the gateway's counts of `identifiers` and the shell's dropped
-/// cost add up to `passed`; the cost dropped.
+/// Polls (20 s at most: after an outage the shell's replay backs off up to 5 s) until the
+/// gateway's counts of `identifiers` and the shell's dropped cost (past `since`) account for
+/// the `passed` requests and stay put for a moment; returns the cost dropped. No count may be
+/// missing; one more than admitted is allowed only for a decision call that failed (past
+/// `since`): one the gateway applied after the shell stopped waiting, when no later call on
+/// the key carried its undo, is counted once there and once as the pass the failure mode
+/// made (an over-count, never a loss; see the closing note of issue 39).
 async fn accounted<F, Fut>(
     s: &Stack,
     runtime: &str,
     identifiers: &[String],
     at: u64,
     passed: u64,
+    since: Figures,
     figures: &F,
 ) -> u64
 where
@@ -202,12 +226,22 @@ where
     Fut: Future<Output = Figures>,
 {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = None;
     loop {
         let counted = counted(s, identifiers, at).await;
-        let dropped = figures().await.replay_dropped;
-        if counted.as_ref().is_ok_and(|c| c + dropped == passed) {
+        let now = figures().await;
+        let dropped = now.replay_dropped - since.replay_dropped;
+        let failed = now.origin_failures - since.origin_failures;
+        if let Ok(c) = counted
+            && c + dropped >= passed
+            && last == Some((c, dropped))
+        {
             eprintln!(
-                "{runtime}: {passed} admitted, {counted:?} counted at the gateway, {dropped} dropped"
+                "{runtime}: {passed} admitted, {c} counted at the gateway, {dropped} dropped, {failed} decision calls failed"
+            );
+            assert!(
+                c + dropped <= passed + failed,
+                "{runtime}: {passed} admitted, yet {c} counted and {dropped} dropped with only {failed} failed calls"
             );
             return dropped;
         }
@@ -215,7 +249,8 @@ where
             Instant::now() < deadline,
             "{runtime}: {passed} admitted, but the gateway counts {counted:?} and {dropped} were reported dropped"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = counted.ok().map(|c| (c, dropped));
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

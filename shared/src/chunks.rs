@@ -83,6 +83,7 @@ impl<T> Chunks<T> {
         self.chunks.get_mut(k)?.get_mut(o)
     }
 
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.chunks.iter().flatten()
     }

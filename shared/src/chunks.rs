@@ -49,9 +49,10 @@ impl<T> Chunks<T> {
         self.len
     }
 
-    /// Items the allocated chunks have room for.
+    /// Items the allocated chunks have room for: every chunk holds `CHUNK` but the last,
+    /// cut to the bound.
     pub(crate) fn allocated(&self) -> usize {
-        self.chunks.iter().map(Vec::capacity).sum()
+        self.bound.min(self.chunks.len() * CHUNK)
     }
 
     /// Bytes the chunks and their list take.

@@ -27,7 +27,7 @@ pub const MIN_CAPACITY: usize = 64;
 /// when full (see [`BYTES_PER_ENTRY`]), well inside a Worker isolate's 128 MB beside the
 /// Worker's own JavaScript, and paid once per worker thread by an Envoy.
 pub const SHELL_CAPACITY: usize = 50_000;
-/// The largest `table_capacity` a Wasm shell takes: about 280 MB when full.
+/// The largest `table_capacity` a Wasm shell takes: about 300 MB when full.
 pub const MAX_SHELL_CAPACITY: usize = 1_000_000;
 /// The most a full table holds per entry whose key's text fits inline (38 bytes of namespace
 /// and identifier; a longer one adds its length): the slot (key and both cells, 256 bytes),

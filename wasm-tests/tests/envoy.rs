@@ -238,6 +238,15 @@ async fn an_invalid_configuration_is_refused_with_the_reason_logged() {
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("strata: invalid configuration"), "{log}");
     assert!(log.contains("rules[0].limit"), "{log}");
+    // The table's capacity out of bounds, refused as the edge refuses it.
+    let e = Envoy::start(
+        &configuration(&per_key(5), &json!({"table_capacity": 10})),
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    let (code, log) = e.exits();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("table_capacity"), "{log}");
 }
 
 /// The failure-mode table (`common::conformance`, the same figures as the gateway's and

@@ -142,16 +142,45 @@ pub async fn read_count(
     duration: u64,
     sequence: u64,
 ) -> Result<u64, String> {
-    let body = serde_json::json!({"cells": [{"namespace": namespace, "identifier": identifier,
-        "duration": duration, "sequence": sequence}]});
+    let counts = read_counts(http, base, namespace, &[identifier], duration, sequence).await?;
+    counts
+        .first()
+        .copied()
+        .ok_or_else(|| "no count".to_string())
+}
+
+/// [`read_count`] of the cells of `identifiers` (at most a batch, 1,000) in one call, in order.
+pub async fn read_counts(
+    http: &reqwest::Client,
+    base: &str,
+    namespace: &str,
+    identifiers: &[&str],
+    duration: u64,
+    sequence: u64,
+) -> Result<Vec<u64>, String> {
+    let cells: Vec<serde_json::Value> = identifiers
+        .iter()
+        .map(|id| {
+            serde_json::json!({"namespace": namespace, "identifier": id,
+                "duration": duration, "sequence": sequence})
+        })
+        .collect();
     let r = http
         .post(format!("{base}/v1/origin/read"))
-        .json(&body)
+        .json(&serde_json::json!({ "cells": cells }))
         .send()
         .await
         .map_err(|e| e.to_string())?;
     let r: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
-    r["cells"][0]["regional"]
-        .as_u64()
-        .ok_or_else(|| format!("no count: {r}"))
+    let counts: Vec<u64> = r["cells"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["regional"].as_u64())
+        .collect();
+    if counts.len() == identifiers.len() {
+        Ok(counts)
+    } else {
+        Err(format!("no count: {r}"))
+    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use strata_core::table::BYTES_PER_ENTRY;
 
+use super::process::read_counts;
 use super::stack::{DAY_MS, Stack, admitted, now_ms};
 
 /// The shells' bound on a request's wait for the gateway in the test (`STRATA_TIMEOUT_MS`,
@@ -254,8 +255,8 @@ where
     }
 }
 
-/// Each key twice in a row, and the hot key `HOT_PER_ROUND` times among them, `IN_FLIGHT`
-/// at once: the flood's passes and the hot key's.
+/// Each key twice in a row, and the hot key once every `keys / HOT_PER_ROUND` keys,
+/// `IN_FLIGHT` at once: the flood's passes and the hot key's.
 async fn send_round(
     http: &reqwest::Client,
     base: &str,
@@ -263,17 +264,22 @@ async fn send_round(
     hot: Option<&str>,
 ) -> (u64, u64) {
     let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-    // Without a hot key, no turn is its.
-    let every = hot.map_or(usize::MAX, |_| keys.len() / HOT_PER_ROUND);
-    let mut tasks = Vec::new();
+    let every = (keys.len() / HOT_PER_ROUND).max(1);
+    let mut jobs: Vec<(&str, u32, bool)> = Vec::new();
     for (i, key) in keys.iter().enumerate() {
-        let (http, base, gate) = (http.clone(), base.to_string(), gate.clone());
-        let (key, is_hot) = if let Some(hot) = hot.filter(|_| i % every == 0) {
-            (hot.to_string(), true)
-        } else {
-            (key.clone(), false)
-        };
-        let times = if is_hot { 1 } else { 2 };
+        if let Some(hot) = hot.filter(|_| i % every == 0) {
+            jobs.push((hot, 1, true));
+        }
+        jobs.push((key, 2, false));
+    }
+    let mut tasks = Vec::new();
+    for (key, times, is_hot) in jobs {
+        let (http, base, gate, key) = (
+            http.clone(),
+            base.to_string(),
+            gate.clone(),
+            key.to_string(),
+        );
         tasks.push(tokio::spawn(async move {
             let _permit = gate.acquire().await.unwrap();
             let mut n = 0;
@@ -281,18 +287,6 @@ async fn send_round(
                 n += u64::from(admitted(&http, &base, &key).await.unwrap());
             }
             (n, is_hot)
-        }));
-    }
-    // The keys the hot key's turns took are sent after.
-    for key in keys.iter().step_by(every).filter(|_| hot.is_some()) {
-        let (http, base, gate, key) = (http.clone(), base.to_string(), gate.clone(), key.clone());
-        tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire().await.unwrap();
-            let mut n = 0;
-            for _ in 0..2 {
-                n += u64::from(admitted(&http, &base, &key).await.unwrap());
-            }
-            (n, false)
         }));
     }
     let (mut passed, mut hot_passed) = (0, 0);
@@ -308,38 +302,13 @@ async fn send_round(
 }
 
 /// The gateway's counts of the one-day cells of `identifiers` at `at`, summed; what it
-/// answered instead.
+/// answered instead (just after an outage its breaker may still be open).
 async fn counted(s: &Stack, identifiers: &[String], at: u64) -> Result<u64, String> {
     let mut sum = 0;
     for batch in identifiers.chunks(1_000) {
-        let cells: Vec<serde_json::Value> = batch
-            .iter()
-            .map(|id| {
-                serde_json::json!({"namespace": "e2e", "identifier": id,
-                    "duration": DAY_MS, "sequence": at / DAY_MS})
-            })
-            .collect();
-        let r: serde_json::Value = s
-            .http
-            .post(format!("{}/v1/origin/read", s.gateway()))
-            .json(&serde_json::json!({ "cells": cells }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let read = r["cells"].as_array().map_or(0, Vec::len);
-        if read != batch.len() {
-            // Its Redis just came back (the breaker may still be open): not yet.
-            return Err(r.to_string());
-        }
-        sum += r["cells"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| c["regional"].as_u64().unwrap_or(0))
-            .sum::<u64>();
+        let ids: Vec<&str> = batch.iter().map(String::as_str).collect();
+        let counts = read_counts(&s.http, s.gateway(), "e2e", &ids, DAY_MS, at / DAY_MS).await?;
+        sum += counts.iter().sum::<u64>();
     }
     Ok(sum)
 }

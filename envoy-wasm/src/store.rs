@@ -149,7 +149,14 @@ impl<H: Host> Store for Homes<'_, H> {
         {
             return Ok((begun, SHARED));
         }
-        Ok((self.state.table.begin(limits, now_ms)?, TABLE))
+        let mut begun = self.state.table.begin(limits, now_ms)?;
+        // A single limit its slot cannot hold asks for no lease: a lease in this VM's table
+        // is this VM's alone, and the origin holds it back from the Envoy's other VMs, where
+        // the client's next connections land (a limit of 5 denied its fifth request).
+        if let ([_], Some(_), Begin::Call(call)) = (limits, &self.state.slots, &mut begun) {
+            call.ask_no_lease();
+        }
+        Ok((begun, TABLE))
     }
 
     fn finish(

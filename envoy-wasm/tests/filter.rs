@@ -605,6 +605,46 @@ fn a_slot_held_by_another_live_key_sends_the_request_to_the_vms_table() {
 }
 
 #[test]
+fn a_key_in_the_vms_table_asks_for_no_lease_the_other_vms_could_not_use() {
+    let host = Fake::new();
+    let mut vm = vm(&host, r#", "shared_slots": 1"#);
+    host.request("judy");
+    assert_eq!(request(&host, &mut vm, 1), Verdict::Pause);
+    host.grant(2);
+    vm.on_call_response(&host, 1, 0);
+    settle(&host, &mut vm, 1);
+    host.request("kim"); // the one slot holds judy's live lease
+    for (context, token) in [(2, 2), (3, 3)] {
+        assert_eq!(
+            request(&host, &mut vm, context),
+            Verdict::Pause,
+            "every pass of kim's is decided at the gateway"
+        );
+        host.grant(0);
+        vm.on_call_response(&host, token, 0);
+        settle(&host, &mut vm, token);
+    }
+    let wants: Vec<u64> = host
+        .dispatched
+        .borrow()
+        .iter()
+        .filter(|(p, _)| p == "/v1/origin/decide")
+        .map(|(_, body)| body["limits"][0]["want"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        wants,
+        [5, 0, 0],
+        "judy's slot asks for the limit, kim's table copy for nothing"
+    );
+    host.request("judy");
+    assert_eq!(
+        request(&host, &mut vm, 4),
+        Verdict::Continue,
+        "judy's lease holds"
+    );
+}
+
+#[test]
 fn concurrent_requests_on_a_cold_key_wait_for_one_call_and_are_all_settled() {
     let host = Fake::new();
     let mut vm = vm(&host, r#", "timeout_ms": 200"#);

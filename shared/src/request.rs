@@ -119,6 +119,15 @@ impl OriginCall {
         }
     }
 
+    /// Asks for no lease on any limit, so each pass the caller makes stays decided at the
+    /// origin: for a copy of a key the caller's siblings under other instance ids also serve
+    /// (an unused lease of one copy is held back from the others).
+    pub fn ask_no_lease(&mut self) {
+        for l in &mut self.limits {
+            l.plan.want = 0;
+        }
+    }
+
     /// The limits, in request order.
     pub fn limits(&self) -> &[CallLimit] {
         &self.limits

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use strata_core::driver::{Decided, Driver, DriverConfig, DriverStats, Started, Transmit};
+use strata_core::driver::{
+    Decided, Driver, DriverConfig, DriverStats, MIN_REPLAY_TIMEOUT_MS, Started, Transmit,
+};
 use strata_core::memory::MemoryReport;
 use strata_core::rules::{ListRequest, Reads, host_of, path_of};
 use strata_core::wire::instance_id;
@@ -17,7 +19,7 @@ use crate::config::Config;
 use crate::host::Host;
 use crate::metrics::{Metric, Metrics};
 use crate::shared::Slots;
-use crate::store::{Homes, VmState};
+use crate::store::{Homes, SlotReplay, VmState};
 
 /// What the request callback tells Envoy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +208,8 @@ impl Vm {
             slots,
             vm_tag,
             replay_lease_ms: config.replay_interval_ms.saturating_mul(3),
+            claim_ms: config.timeout_ms.max(MIN_REPLAY_TIMEOUT_MS),
+            replay: SlotReplay::new(config.shared_slots),
         };
         Self {
             reads: config.gate.rules().reads(),

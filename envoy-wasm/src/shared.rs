@@ -4,17 +4,18 @@
 //!
 //! Each window key's state lives in one of a fixed number of slots (shared data never shrinks
 //! in ABI 0.2: the key space is bounded by the slot count), `strata.slot.<n>`, as an entry that
-//! names its key (`strata_core::snapshot`). A VM reads the slot, runs the core's request path
-//! on the state, and writes it back with the token it read (compare-and-swap), trying again on
-//! a mismatch, a few times at most. Slots are created empty at configuration, so every write
-//! is a compare-and-swap (a write to a missing key is not). A slot holding another key that is
-//! still live sends the request to the VM's own table instead (as does a multi-limit group):
-//! still exact with the gateway, only not shared while it is away.
+//! names its key (`strata_core::snapshot`) after the time until which a VM's replay holds it
+//! (its claim). A VM reads the slot, runs the core's request path on the state, and writes it
+//! back with the token it read (compare-and-swap), trying again on a mismatch, a few times at
+//! most. Slots are created empty at configuration, so every write is a compare-and-swap (a
+//! write to a missing key is not). A slot holding another key that is still live sends the
+//! request to the VM's own table instead (as does a multi-limit group): still exact with the
+//! gateway, only not shared while it is away.
 
 use strata_core::cell::WindowState;
 use strata_core::identity::WindowKeyRef;
 use strata_core::request::States;
-use strata_core::snapshot::{EntryKey, decode_entry, encode_entry};
+use strata_core::snapshot::{EntryKey, decode_entry, entry_len, write_entry};
 
 use crate::host::{Host, SetError};
 
@@ -22,7 +23,8 @@ use crate::host::{Host, SetError};
 pub const INSTANCE_KEY: &str = "strata.instance";
 /// The last origin call id (they only grow, per instance).
 pub const CALLS_KEY: &str = "strata.calls";
-/// Which VM replays the shared slots, until when: `<vm>:<unix ms>`.
+/// Which VM sweeps the shared slots for replay events no VM watches, until when:
+/// `<vm>:<unix ms>`.
 pub const REPLAY_KEY: &str = "strata.replay";
 /// Compare-and-swap attempts before giving up on a slot.
 pub const CAS_TRIES: usize = 8;
@@ -36,12 +38,34 @@ pub struct Slots {
 /// A slot read for a window key: its state (cold if the slot was free) and the token.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The slot's shared-data key.
-    pub slot: String,
+    /// The slot's number.
+    pub index: usize,
     /// The key's state.
     pub state: WindowState,
+    /// Until when a replay holds the slot's events (unix ms; 0: none), kept by other writes.
+    pub claim: u64,
     /// The token to write it back with.
     pub cas: Option<u32>,
+}
+
+/// A slot's bytes: the replay claim, then the core's entry.
+pub fn encode_slot(claim: u64, key: EntryKey<'_>, state: &WindowState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + entry_len(key));
+    out.extend_from_slice(&claim.to_le_bytes());
+    write_entry(&mut out, key, state);
+    out
+}
+
+/// The claim, key and state of a slot's bytes, or `None` if they are not a slot's entry.
+pub fn decode_slot(bytes: &[u8]) -> Option<(u64, EntryKey<'_>, WindowState)> {
+    let (claim, entry) = bytes.split_first_chunk::<8>()?;
+    let (key, state) = decode_entry(entry)?;
+    Some((u64::from_le_bytes(*claim), key, state))
+}
+
+/// A slot's shared-data key.
+pub fn slot_name(n: usize) -> String {
+    format!("strata.slot.{n}")
 }
 
 /// The entry identity of a window key.
@@ -81,10 +105,10 @@ impl Slots {
         }
         // The first VM creates them all, in order: once the last exists, the rest do too, and
         // the other VMs skip the walk.
-        let last = format!("strata.slot.{}", count.saturating_sub(1));
+        let last = slot_name(count.saturating_sub(1));
         if host.shared_get(&last).1.is_none() {
             for n in 0..count {
-                let key = format!("strata.slot.{n}");
+                let key = slot_name(n);
                 if host.shared_get(&key).1.is_none() {
                     let _ = host.shared_set(&key, b"", None);
                 }
@@ -108,42 +132,39 @@ impl Slots {
     }
 
     /// The slot a key lives in.
-    pub fn slot_of(&self, key: EntryKey<'_>) -> String {
+    pub fn index_of(&self, key: EntryKey<'_>) -> usize {
         let n = hash(key) % u64::try_from(self.count.max(1)).unwrap_or(1);
-        format!("strata.slot.{n}")
+        usize::try_from(n).unwrap_or(0)
     }
 
     /// Reads `key`'s state: the slot's if it holds `key`, a cold one if the slot is free or
     /// its key is done with; `None` when another live key holds it.
     pub fn load(&self, host: &impl Host, key: WindowKeyRef<'_>, now_ms: u64) -> Option<Loaded> {
-        let slot = self.slot_of(entry_key(key));
-        let (bytes, cas) = host.shared_get(&slot);
-        let state = match bytes.as_deref().and_then(decode_entry) {
-            Some((held, state)) if held == entry_key(key) => state,
-            Some((held, state)) if !reusable(held, &state, now_ms) => return None,
-            _ => WindowState::new(key.duration(), now_ms),
+        let index = self.index_of(entry_key(key));
+        let (bytes, cas) = host.shared_get(&slot_name(index));
+        let (claim, state) = match bytes.as_deref().and_then(decode_slot) {
+            Some((claim, held, state)) if held == entry_key(key) => (claim, state),
+            Some((_, held, state)) if !reusable(held, &state, now_ms) => return None,
+            _ => (0, WindowState::new(key.duration(), now_ms)),
         };
-        Some(Loaded { slot, state, cas })
+        Some(Loaded {
+            index,
+            state,
+            claim,
+            cas,
+        })
     }
 
     /// Writes `state` back as `key`'s, if nobody wrote the slot since it was read.
     pub fn store(host: &impl Host, loaded: &Loaded, key: WindowKeyRef<'_>) -> Result<(), SetError> {
-        let bytes = encode_entry(entry_key(key), &loaded.state);
-        host.shared_set(&loaded.slot, &bytes, loaded.cas)
+        let bytes = encode_slot(loaded.claim, entry_key(key), &loaded.state);
+        host.shared_set(&slot_name(loaded.index), &bytes, loaded.cas)
     }
 
-    /// Every slot's number, key, bytes and token from slot `from` on, for the replay.
-    pub fn scan<'h>(
-        &self,
-        host: &'h impl Host,
-        from: usize,
-    ) -> impl Iterator<Item = (usize, String, Vec<u8>, Option<u32>)> + 'h {
-        (from..self.count).filter_map(move |n| {
-            let slot = format!("strata.slot.{n}");
-            let (bytes, cas) = host.shared_get(&slot);
-            let bytes = bytes.filter(|b| !b.is_empty())?;
-            Some((n, slot, bytes, cas))
-        })
+    /// Slot `n`'s bytes and token, if it holds an entry.
+    pub fn read(host: &impl Host, n: usize) -> Option<(Vec<u8>, Option<u32>)> {
+        let (bytes, cas) = host.shared_get(&slot_name(n));
+        Some((bytes.filter(|b| !b.is_empty())?, cas))
     }
 }
 

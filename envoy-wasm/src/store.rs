@@ -4,6 +4,12 @@
 //! the VM's). A shared slot is read, stepped and written back with the token it was read
 //! with, a few times at most; one that goes to another key meanwhile leaves the step to a
 //! copy (what the gateway counted stays counted there).
+//!
+//! Each VM replays the slots it wrote (it watches them until their state needs nothing more
+//! of the replay), taking a slot's events under a claim so that the other VMs that wrote it
+//! skip it while the batch travels; one VM at a time also sweeps a share of all the slots
+//! each pass, for the events of a VM that went away. A pass reads what this VM touched plus
+//! `slots / SWEEP_PASSES`, not every slot.
 
 use strata_core::cell::WindowState;
 use strata_core::decision::{Counts, MultiDecision};
@@ -12,12 +18,18 @@ use strata_core::identity::WindowKeyRef;
 use strata_core::origin::OriginAnswer;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin, OriginCall};
-use strata_core::snapshot::{decode_entry, encode_entry};
 use strata_core::table::{LimitRequest, TooManyLimits};
 use strata_core::{CounterTable, WindowDuration};
 
 use crate::host::{Host, SetError};
-use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots};
+use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots, decode_slot, encode_slot};
+
+/// Passes a sweep takes to read every slot once: at the 100 ms default interval, a slot whose
+/// VM went away is replayed within 5 s.
+pub const SWEEP_PASSES: usize = 50;
+/// Passes between two looks at a watched slot that holds only a lease (the replay gives it
+/// back once it sits idle near the limit for a second).
+pub const QUIET_PASSES: u32 = 4;
 
 /// The VM's table.
 pub const TABLE: Home = Home(0);
@@ -35,10 +47,95 @@ pub struct VmState {
     pub vm_instance: String,
     /// The shared slots and the Envoy's instance id (none when `shared_slots` is 0).
     pub slots: Option<(Slots, String)>,
-    /// This VM among its Envoy's, for the replay lease.
+    /// This VM among its Envoy's, for the sweep lease.
     pub vm_tag: u64,
-    /// How long the replay lease is held: three replay intervals.
+    /// How long the sweep lease is held: three replay intervals.
     pub replay_lease_ms: u64,
+    /// How long a replay claims a slot's events: the replay call's timeout.
+    pub claim_ms: u64,
+    /// The replay's view of the slots.
+    pub replay: SlotReplay,
+}
+
+/// Which shared slots this VM's replay passes read.
+#[derive(Debug, Default)]
+pub struct SlotReplay {
+    /// Per slot, the pass at which this VM next reads it (0: it does not watch it): a slot
+    /// is watched from this VM's write until its state needs nothing more of the replay.
+    due: Vec<u32>,
+    /// The watched slots (and, until the next pass drops them, some no longer watched).
+    watched: Vec<usize>,
+    /// Passes begun.
+    passes: u32,
+    /// The slots of the pass in progress.
+    pass: Vec<usize>,
+    /// Where the next sweep begins.
+    sweep_from: usize,
+}
+
+impl SlotReplay {
+    /// The replay of `count` slots.
+    pub fn new(count: usize) -> Self {
+        Self {
+            due: vec![0; count],
+            ..Self::default()
+        }
+    }
+
+    /// Slot `n` was written: read it on the next pass.
+    fn watch(&mut self, n: usize) {
+        self.read_at(n, self.passes.saturating_add(1));
+    }
+
+    /// Reads slot `n` at pass `at` (or earlier, if it is due sooner).
+    fn read_at(&mut self, n: usize, at: u32) {
+        let Some(due) = self.due.get_mut(n) else {
+            return;
+        };
+        if *due == 0 {
+            self.watched.push(n);
+            *due = at;
+        } else {
+            *due = (*due).min(at);
+        }
+    }
+
+    /// Stops watching slot `n`.
+    fn forget(&mut self, n: usize) {
+        if let Some(due) = self.due.get_mut(n) {
+            *due = 0;
+        }
+    }
+
+    /// Slots being watched.
+    pub fn watched(&self) -> usize {
+        self.due.iter().filter(|d| **d != 0).count()
+    }
+}
+
+impl VmState {
+    /// The slots a pass reads: the watched ones due, and a sweep of `count / SWEEP_PASSES`
+    /// from where the last one stopped when this VM sweeps.
+    fn begin_pass(&mut self, count: usize, sweep: bool) {
+        let r = &mut self.replay;
+        r.passes = r.passes.saturating_add(1);
+        let (passes, due) = (r.passes, &r.due);
+        r.watched.retain(|n| due.get(*n).is_some_and(|d| *d != 0));
+        r.pass.clear();
+        r.pass.extend(
+            r.watched
+                .iter()
+                .filter(|n| due.get(**n).is_some_and(|d| *d <= passes)),
+        );
+        if sweep && count > 0 {
+            let width = count.div_ceil(SWEEP_PASSES);
+            r.pass
+                .extend((0..width).map(|i| (r.sweep_from + i) % count));
+            r.sweep_from = (r.sweep_from + width) % count;
+        }
+        r.pass.sort_unstable();
+        r.pass.dedup();
+    }
 }
 
 /// The state and the host, for one callback.
@@ -57,6 +154,7 @@ impl<H: Host> Homes<'_, H> {
         &mut self,
         key: WindowKeyRef<'_>,
         now_ms: u64,
+        release_claim: bool,
         mut step: impl FnMut(&mut One<'_, H>) -> T,
     ) -> T {
         if let Some((slots, _)) = &self.state.slots {
@@ -64,11 +162,17 @@ impl<H: Host> Homes<'_, H> {
                 let Some(mut loaded) = slots.load(self.host, key, now_ms) else {
                     break;
                 };
+                if release_claim {
+                    loaded.claim = 0;
+                }
                 let mut one = One::new(loaded.state, self.host);
                 let out = step(&mut one);
                 loaded.state = one.state;
                 match Slots::store(self.host, &loaded, key) {
-                    Ok(()) => return out,
+                    Ok(()) => {
+                        self.state.replay.watch(loaded.index);
+                        return out;
+                    }
                     Err(SetError::CasMismatch) => continue,
                     Err(SetError::Refused) => break,
                 }
@@ -80,7 +184,7 @@ impl<H: Host> Homes<'_, H> {
 
     /// Begins one limit on its shared slot; `None` when the slot holds another live key or
     /// stays contended (the VM's table takes the request then).
-    fn begin_shared(&self, limit: &LimitRequest<'_>, now_ms: u64) -> Option<Begin> {
+    fn begin_shared(&mut self, limit: &LimitRequest<'_>, now_ms: u64) -> Option<Begin> {
         let (slots, _) = self.state.slots.as_ref()?;
         let policy = self.state.table.config().origin;
         for _ in 0..CAS_TRIES {
@@ -89,7 +193,10 @@ impl<H: Host> Homes<'_, H> {
             let begun = request::begin(&mut one, std::slice::from_ref(limit), now_ms, &policy);
             loaded.state = one.state;
             match Slots::store(self.host, &loaded, limit.key) {
-                Ok(()) => return Some(begun),
+                Ok(()) => {
+                    self.state.replay.watch(loaded.index);
+                    return Some(begun);
+                }
                 Err(SetError::CasMismatch) => continue,
                 Err(SetError::Refused) => return None,
             }
@@ -97,44 +204,98 @@ impl<H: Host> Homes<'_, H> {
         None
     }
 
-    /// The shared slots' replay events from slot `from` on (each slot's state written back,
-    /// as taking them may release an idle lease; a slot written meanwhile by another VM waits
-    /// for the next pass).
-    fn take_shared(&self, max: usize, now_ms: u64, from: usize) -> (ReplayBatch, Option<usize>) {
+    /// The replay events of the pass's slots from position `from` on (a pass begins at 0):
+    /// each slot's events taken under a claim until the batch's answer is due, and its state
+    /// written back (taking them may release an idle lease); a slot claimed by another VM's
+    /// replay, or written meanwhile, waits for the next pass.
+    fn take_shared(
+        &mut self,
+        max: usize,
+        now_ms: u64,
+        from: usize,
+    ) -> (ReplayBatch, Option<usize>) {
         let mut events: Vec<ReplayEvent> = Vec::new();
-        let Some((slots, _)) = &self.state.slots else {
+        let Some(count) = self.state.slots.as_ref().map(|(s, _)| s.count()) else {
             return (ReplayBatch { events }, None);
         };
-        for (n, slot, bytes, cas) in slots.scan(self.host, from) {
+        if from == 0 {
+            let sweep = self.sweep_turn(now_ms);
+            self.state.begin_pass(count, sweep);
+        }
+        let claim_until = now_ms.saturating_add(self.state.claim_ms);
+        let r = &mut self.state.replay;
+        let passes = r.passes;
+        for i in from.. {
+            let Some(n) = r.pass.get(i).copied() else {
+                break;
+            };
             if events.len() >= max {
-                return (ReplayBatch { events }, Some(n));
+                return (ReplayBatch { events }, Some(i));
             }
-            let Some((entry, mut state)) = decode_entry(&bytes) else {
-                continue;
-            };
-            let Some(key) = WindowDuration::from_ms(entry.duration_ms)
-                .ok()
-                .and_then(|d| {
-                    WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok()
-                })
-                .map(|k| k.to_owned_key())
-            else {
-                continue;
-            };
-            let before = events.len();
-            let before_state = state;
-            if !state.take_replay_events(&key, now_ms, 0, &mut events) || state == before_state {
-                continue;
-            }
-            if self
-                .host
-                .shared_set(&slot, &encode_entry(entry, &state), cas)
-                .is_err()
-            {
-                events.truncate(before); // another VM wrote it: next pass
+            let next = Slots::read(self.host, n).and_then(|(bytes, cas)| {
+                let (claim, entry, mut state) = decode_slot(&bytes)?;
+                if claim > now_ms {
+                    return Some(passes.saturating_add(1)); // another VM's batch is out
+                }
+                let key = WindowDuration::from_ms(entry.duration_ms)
+                    .ok()
+                    .and_then(|d| {
+                        WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok()
+                    })?
+                    .to_owned_key();
+                let before = events.len();
+                let before_state = state;
+                if !state.take_replay_events(&key, now_ms, 0, &mut events) {
+                    return None; // nothing left for the replay
+                }
+                if state == before_state && events.len() == before {
+                    return Some(passes.saturating_add(QUIET_PASSES)); // a lease to watch
+                }
+                let claim = if events.len() > before {
+                    claim_until
+                } else {
+                    0
+                };
+                let written = self.host.shared_set(
+                    &crate::shared::slot_name(n),
+                    &encode_slot(claim, entry, &state),
+                    cas,
+                );
+                if written.is_err() {
+                    events.truncate(before); // written meanwhile: the next pass
+                }
+                Some(passes.saturating_add(1))
+            });
+            match next {
+                Some(at) => {
+                    r.forget(n);
+                    r.read_at(n, at);
+                }
+                None => r.forget(n),
             }
         }
         (ReplayBatch { events }, None)
+    }
+
+    /// Whether this VM sweeps this pass: it holds the sweep lease in shared data, or takes it
+    /// (free, expired, or its own), for three replay intervals.
+    fn sweep_turn(&self, now_ms: u64) -> bool {
+        let (bytes, cas) = self.host.shared_get(REPLAY_KEY);
+        let text = bytes
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        let me = format!("{:016x}", self.state.vm_tag);
+        let free = match text.split_once(':') {
+            Some((holder, until)) => {
+                holder == me || until.parse::<u64>().map_or(true, |u| u <= now_ms)
+            }
+            None => true,
+        };
+        let until = now_ms.saturating_add(self.state.replay_lease_ms);
+        free && self
+            .host
+            .shared_set(REPLAY_KEY, format!("{me}:{until}").as_bytes(), cas)
+            .is_ok()
     }
 }
 
@@ -167,7 +328,7 @@ impl<H: Host> Store for Homes<'_, H> {
         now_ms: u64,
     ) -> MultiDecision {
         match (home, call.limits()) {
-            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, |one| {
+            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, false, |one| {
                 request::finish(one, call, answers, now_ms)
             }),
             _ => self
@@ -181,7 +342,7 @@ impl<H: Host> Store for Homes<'_, H> {
     fn fail(&mut self, home: Home, call: &OriginCall, now_ms: u64) -> MultiDecision {
         let policy = self.state.table.config().origin;
         match (home, call.limits()) {
-            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, |one| {
+            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, false, |one| {
                 request::fail(one, call, now_ms, &policy)
             }),
             _ => self
@@ -221,34 +382,10 @@ impl<H: Host> Store for Homes<'_, H> {
             return self.state.table.ack_replay(batch, counts);
         }
         for (event, counts) in batch.events.iter().zip(counts) {
-            self.on_slot(event.key.as_ref(), now_ms, |one| {
+            self.on_slot(event.key.as_ref(), now_ms, true, |one| {
                 one.state.apply_replay(event.sequence, *counts, event.used);
             });
         }
-    }
-
-    /// The shared slots are replayed by the VM that holds the lease in shared data (or takes
-    /// it: free, expired, or its own), for three replay intervals.
-    fn replay_turn(&mut self, home: Home, now_ms: u64) -> bool {
-        if home != SHARED {
-            return true;
-        }
-        let (bytes, cas) = self.host.shared_get(REPLAY_KEY);
-        let text = bytes
-            .and_then(|b| String::from_utf8(b).ok())
-            .unwrap_or_default();
-        let me = format!("{:016x}", self.state.vm_tag);
-        let free = match text.split_once(':') {
-            Some((holder, until)) => {
-                holder == me || until.parse::<u64>().map_or(true, |u| u <= now_ms)
-            }
-            None => true,
-        };
-        let until = now_ms.saturating_add(self.state.replay_lease_ms);
-        free && self
-            .host
-            .shared_set(REPLAY_KEY, format!("{me}:{until}").as_bytes(), cas)
-            .is_ok()
     }
 
     fn periodic(&self, home: Home) -> bool {

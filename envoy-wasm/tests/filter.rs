@@ -14,6 +14,7 @@ use strata_envoy::config::Config;
 use strata_envoy::filter::{Verdict, Vm, apply};
 use strata_envoy::host::{Host, SetError};
 use strata_envoy::metrics::Metrics;
+use strata_envoy::store::SWEEP_PASSES;
 
 const NOW: u64 = 1_700_000_030_000;
 
@@ -47,6 +48,8 @@ struct Fake {
     woken: Cell<u32>,
     /// Host calls made, of every kind.
     calls: Cell<u32>,
+    /// Shared-data reads made.
+    shared_reads: Cell<usize>,
 }
 
 impl Host for Fake {
@@ -138,6 +141,7 @@ impl Host for Fake {
     }
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         self.calls.set(self.calls.get() + 1);
+        self.shared_reads.set(self.shared_reads.get() + 1);
         match self.shared.borrow().get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
             None => (None, None),
@@ -548,7 +552,7 @@ fn two_vms_share_one_limit_while_the_gateway_is_away() {
 }
 
 #[test]
-fn only_the_lease_holder_replays_the_shared_slots() {
+fn a_slot_two_vms_wrote_is_replayed_by_one_of_them() {
     let a_host = Fake::new();
     let mut a = vm(&a_host, r#", "replay_interval_ms": 100"#);
     let b_host = sibling(&a_host);
@@ -578,12 +582,78 @@ fn only_the_lease_holder_replays_the_shared_slots() {
             .filter(|(p, _)| p == "/v1/origin/replay")
             .count()
     };
-    assert_eq!(replays(&a_host) + replays(&b_host), 1, "one VM replays");
+    assert_eq!(
+        replays(&a_host) + replays(&b_host),
+        1,
+        "one VM replays: the other finds the slot claimed"
+    );
     let (_, body) = a_host.dispatched.borrow().last().unwrap().clone();
     assert_eq!(
         body["events"][0]["used"], 1,
         "b's local pass, from the shared slot: {body}"
     );
+}
+
+/// Shared-data reads of one tick of `vm` at `at`.
+fn reads_of_a_tick(host: &Fake, vm: &mut Vm, at: u64) -> usize {
+    host.now.set(at);
+    host.calls.set(0);
+    let reads = host.shared_reads.get();
+    vm.on_tick(host);
+    settle(host, vm, 1);
+    host.shared_reads.get() - reads
+}
+
+#[test]
+fn a_pass_reads_the_slots_the_vm_wrote_and_a_share_of_the_rest() {
+    let host = Fake::new();
+    let mut vm = vm(
+        &host,
+        r#", "shared_slots": 5000, "replay_interval_ms": 100"#,
+    );
+    let idle = reads_of_a_tick(&host, &mut vm, NOW + 100);
+    // The sweep lease, then 5,000 / 50 slots.
+    assert!(idle <= 101, "an idle pass read {idle} of 5,000 slots");
+    host.request("quinn");
+    request(&host, &mut vm, 3);
+    host.grant(3);
+    vm.on_call_response(&host, 1, 0);
+    settle(&host, &mut vm, 1);
+    assert_eq!(request(&host, &mut vm, 4), Verdict::Continue);
+    reads_of_a_tick(&host, &mut vm, NOW + 200);
+    let replay = host.dispatched.borrow().last().cloned().unwrap();
+    assert_eq!(replay.0, "/v1/origin/replay");
+    assert_eq!(
+        replay.1["events"][0]["identifier"], "key=quinn",
+        "{}",
+        replay.1
+    );
+}
+
+#[test]
+fn the_sweep_replays_the_slots_of_a_vm_that_went_away() {
+    let a_host = Fake::new();
+    let config = r#", "shared_slots": 100, "replay_interval_ms": 100, "failure_mode": "local""#;
+    let mut a = vm(&a_host, config);
+    let b_host = sibling(&a_host);
+    let mut b = vm(&b_host, config);
+    a_host.refuse_dispatch.set(true);
+    a_host.request("rita");
+    assert!(admitted(&a_host, &mut a, 1), "decided from memory");
+    drop(a); // its watch list goes with it; the pass stays in the slot
+    let mut at = NOW;
+    for _ in 0..=SWEEP_PASSES {
+        at += 100;
+        reads_of_a_tick(&b_host, &mut b, at);
+        if !b_host.dispatched.borrow().is_empty() {
+            break;
+        }
+    }
+    let dispatched = b_host.dispatched.borrow();
+    let (path, body) = dispatched.first().expect("the sweep found rita's pass");
+    assert_eq!(path, "/v1/origin/replay");
+    assert_eq!(body["events"][0]["identifier"], "key=rita", "{body}");
+    assert_eq!(body["events"][0]["used"], 1, "{body}");
 }
 
 #[test]

@@ -28,9 +28,10 @@
 //!   the store's `fail` and the cells' retry delay.
 //! - **Replay.** Accepted cost gathers for the replay interval, then goes in batches of
 //!   [`wire::MAX_BATCH`] cells; a failed batch is sent again after a backoff (doubling, at most
-//!   [`MAX_REPLAY_BACKOFF_MS`]) on the driver's own deadline, whether or not requests come;
-//!   whether this process replays a home shared with others now is the store's
-//!   [`Store::replay_turn`].
+//!   [`MAX_REPLAY_BACKOFF_MS`]) on the driver's own deadline, whether or not requests come; a
+//!   home others write to too is passed over every interval ([`Store::periodic`]), and what a
+//!   pass takes from it is the store's to choose (the Envoy filter's: the slots this VM wrote,
+//!   and a share of the rest).
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::format;
@@ -103,11 +104,6 @@ pub trait Store {
     ) -> (ReplayBatch, Option<usize>);
     /// The gateway took `batch`: `counts[i]` is event `i`'s cell after it.
     fn ack_replay(&mut self, home: Home, batch: &ReplayBatch, counts: &[Counts], now_ms: u64);
-    /// Whether this process replays `home` now (a home several processes share is replayed
-    /// by one of them at a time).
-    fn replay_turn(&mut self, _home: Home, _now_ms: u64) -> bool {
-        true
-    }
     /// Whether `home` is replayed every interval, whether or not this process's own
     /// requests used it (a home others write to).
     fn periodic(&self, _home: Home) -> bool {
@@ -862,12 +858,6 @@ impl Driver {
                 _ => continue,
             }
             lane.next_at = None;
-            if !store.replay_turn(home, now_ms) {
-                if periodic || lane.wanted {
-                    lane.next_at = Some(now_ms.saturating_add(interval));
-                }
-                continue;
-            }
             lane.wanted = false;
             self.send_replay(store, home, 0, now_ms);
         }

@@ -128,18 +128,28 @@ pub struct EntryKey<'a> {
 
 /// An entry: `key` and its state.
 pub fn encode_entry(key: EntryKey<'_>, state: &WindowState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entry_len(key));
+    write_entry(&mut out, key, state);
+    out
+}
+
+/// The bytes of `key`'s entry.
+pub fn entry_len(key: EntryKey<'_>) -> usize {
+    13 + key.namespace.len() + key.identifier.len() + STATE_BYTES
+}
+
+/// Appends the entry of `key` and `state` to `out` (after a shell's own header, say).
+pub fn write_entry(out: &mut Vec<u8>, key: EntryKey<'_>, state: &WindowState) {
     let (ns, id) = (key.namespace.as_bytes(), key.identifier.as_bytes());
-    let mut out = Vec::with_capacity(13 + ns.len() + id.len() + STATE_BYTES);
     out.push(VERSION);
-    put(&mut out, key.duration_ms);
+    put(out, key.duration_ms);
     for part in [ns, id] {
         // Namespaces and identifiers are at most 255 bytes (identity bounds).
         out.extend_from_slice(&u16::try_from(part.len()).unwrap_or(u16::MAX).to_le_bytes());
     }
     out.extend_from_slice(ns);
     out.extend_from_slice(id);
-    state.write_bytes(&mut out);
-    out
+    state.write_bytes(out);
 }
 
 /// The key and state of an entry, or `None` if the bytes are not one.

@@ -184,3 +184,62 @@ async fn a_request_paused_when_its_vm_fails_is_answered_within_the_request_timeo
     assert_ne!(before, after, "Envoy counts the failed VM\n{}", e.log());
     held.abort();
 }
+
+/// What a VM admitted from its lease and had not replayed when it failed reaches the gateway:
+/// the VM's list of the slots it wrote goes with it, and the sweep (one VM at a time reads a
+/// share of all the slots each pass) finds the counts in shared data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_failed_vm_admitted_from_its_lease_reaches_the_gateway() {
+    let s = stack().await;
+    // Four slots and a 500 ms interval: the sweep reads every slot within four passes, once
+    // the failed VM's hold on it (three intervals) has run out.
+    let config = json!({"gateway_cluster": "strata_gateway", "region": "fault",
+        "shared_slots": 4, "replay_interval_ms": 500,
+        "rules": [{"name": "per-key", "namespace": "e2e", "limit": 1000, "duration": "1d",
+            "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]}]});
+    let options = Options {
+        concurrency: 1,
+        wasm: faulty_filter(),
+        ..Options::default()
+    };
+    let mut e = Envoy::start_opts(
+        &Filters::Strata(config.to_string()),
+        &options,
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    e.ready(&s.http).await;
+    // The first request is decided at the gateway (counted there) and brings a lease; the
+    // next four pass from it. A replay pass may fall between them and the trap: then the
+    // counts are already there and another key tries again.
+    let mut trapped = None;
+    for attempt in 0..5 {
+        let key = format!("failed-vm-{}-{attempt}", std::process::id());
+        for _ in 0..5 {
+            assert_eq!(get(&s.http, &e.base, &[("x-api-key", &key)]).await.0, 200);
+        }
+        let identifier = format!("key={key}");
+        if s.regional_at("e2e", &identifier, 86_400_000, common::stack::now_ms())
+            .await
+            < 5
+        {
+            let _ = get(&s.http, &e.base, &[("x-strata-fault", "trap")]).await;
+            trapped = Some(identifier);
+            break;
+        }
+    }
+    let identifier = trapped.expect("five tries, and every time the VM replayed before the trap");
+    // Envoy builds the VM again for the worker's next request.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(&s.http, &e.base, &[]).await.0 != 200 {
+        assert!(Instant::now() < deadline, "no VM again\n{}", e.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let counted = s.settles_at("e2e", &identifier, 5).await;
+    assert_eq!(
+        counted,
+        5,
+        "the gateway holds the failed VM's local passes\n{}",
+        e.log()
+    );
+}

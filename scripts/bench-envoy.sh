@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The Envoy filter's cost under wrk (not part of the test command). Envoy 1.40 (the test
+# command's venv) answers from a `direct_response` route, so no upstream hides the filters'
+# share. Each round runs, side by side and in turn: Envoy with no Wasm filter, with the no-op
+# filter of bench/noop-filter (the floor any Wasm filter pays: V8, a context per stream, one
+# header read), and with Strata's filter on a warm key far from its limit, each at
+# `--concurrency 1` under `wrk -t1 -c32`. Then Strata's filter at `--concurrency 2` with KEYS
+# keys drawn with Zipf s = 1.1 (bench/zipf-keys.lua), and where its requests were decided.
+# BASELINE_WASM adds another build of the filter beside the current one in both parts.
+#
+#   ./scripts/build-envoy.sh && cargo build --release -p strata-gateway
+#   scripts/bench-envoy.sh                             # 3 rounds of 5 s, 10,000 keys
+#   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-envoy.sh
+#   BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+KEYS=${KEYS:-10000}
+envoy=wasm-tests/envoy-venv/bin/envoy
+gateway="$CARGO_TARGET_DIR/release/strata-gateway"
+strata="$PWD/envoy-wasm/dist/strata_envoy.wasm"
+for need in "$envoy" "$gateway" "$strata"; do
+  [ -e "$need" ] || { echo "missing $need: run the test command, then the build lines above" >&2; exit 1; }
+done
+command -v wrk >/dev/null || apt_install wrk
+(cd bench/noop-filter && CARGO_TARGET_DIR="$CARGO_TARGET_DIR/noop-filter" \
+  cargo build -q --release --target wasm32-wasip1)
+noop="$CARGO_TARGET_DIR/noop-filter/wasm32-wasip1/release/noop_filter.wasm"
+
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT INT TERM
+
+gw_port=$(free_port)
+"$gateway" --listen "127.0.0.1:$gw_port" --data-dir "$work/gw" >"$work/gateway.log" 2>&1 &
+pids+=($!)
+wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
+
+# envoy_config NAME WASM|- : a config from envoy-wasm/envoy.yaml on free ports (its listener
+# and admin ports in NAME.ports).
+envoy_config() {
+  local name=$1 wasm=$2 port admin
+  port=$(free_port); admin=$(free_port)
+  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" >"$work/$name.yaml" <<'PY'
+import sys
+name, wasm, port, admin, gw = sys.argv[1:]
+s = open("envoy-wasm/envoy.yaml").read()
+s = s.replace("port_value: 9901", f"port_value: {admin}").replace("port_value: 10000", f"port_value: {port}")
+s = s.replace("port_value: 8080", f"port_value: {gw}")
+s = s.replace("route: { cluster: upstream }", 'direct_response: { status: 200, body: { inline_string: "ok" } }')
+s = s.replace('"limit": 5,', '"limit": 1000000000,').replace("vm_id: strata", f"vm_id: {name}")
+start, end = s.index("          - name: envoy.filters.http.wasm"), s.index("          - name: envoy.filters.http.router")
+if wasm == "-":
+    s = s[:start] + s[end:]
+else:
+    s = s.replace("envoy-wasm/dist/strata_envoy.wasm", wasm)
+print(s, end="")
+PY
+  echo "$port $admin" >"$work/$name.ports"
+}
+
+# start NAME CONCURRENCY : starts the config's Envoy; sets PORT and ADMIN.
+base_id=$((RANDOM % 1000 + 100))
+start() {
+  read -r PORT ADMIN <"$work/$1.ports"
+  base_id=$((base_id + 1))
+  "$envoy" -c "$work/$1.yaml" --concurrency "$2" --base-id "$base_id" >"$work/$1.log" 2>&1 &
+  pids+=($!)
+  wait_port "$PORT" || { cat "$work/$1.log"; exit 1; }
+  for _ in $(seq 50); do curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:$PORT/" && return 0; sleep 0.1; done
+  cat "$work/$1.log"; exit 1
+}
+
+# load PORT [wrk args...] : requests/s, p50 and p99.
+load() {
+  local port=$1; shift
+  wrk -t1 -c32 -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/" |
+    awk '/^ +50%/{p50=$2} /^ +99%/{p99=$2} /^Requests\/sec/{rps=$2} END{printf "%9.0f req/s  p50 %8s  p99 %8s", rps, p50, p99}'
+}
+
+names=(none noop strata)
+envoy_config none -
+envoy_config noop "$noop"
+envoy_config strata "$strata"
+if [ -n "${BASELINE_WASM:-}" ]; then
+  envoy_config baseline "$BASELINE_WASM"
+  names+=(baseline)
+fi
+declare -A port admin
+for n in "${names[@]}"; do start "$n" 1; port[$n]=$PORT; admin[$n]=$ADMIN; done
+echo "Warm key, --concurrency 1, wrk -t1 -c32 -d${DURATION}s; ratio to no Wasm filter in the same round:"
+for r in $(seq "$ROUNDS"); do
+  base=""
+  for n in "${names[@]}"; do
+    line=$(load "${port[$n]}" -H "x-api-key: warm")
+    rps=$(awk '{print $1}' <<<"$line")
+    base=${base:-$rps}
+    printf "  round %s  %-9s %s  %.2fx\n" "$r" "$n" "$line" "$(echo "$rps / $base" | bc -l)"
+  done
+done
+
+keyed=(strata)
+[ -n "${BASELINE_WASM:-}" ] && keyed+=(baseline)
+for n in "${keyed[@]}"; do
+  envoy_config "$n-keys" "$([ "$n" = strata ] && echo "$strata" || echo "$BASELINE_WASM")"
+  start "$n-keys" 2; port[$n-keys]=$PORT; admin[$n-keys]=$ADMIN
+done
+echo "$KEYS keys (Zipf 1.1), --concurrency 2:"
+for r in $(seq "$ROUNDS"); do
+  for n in "${keyed[@]}"; do
+    printf "  round %s  %-9s %s\n" "$r" "$n" "$(KEYS=$KEYS load "${port[$n-keys]}" -s bench/zipf-keys.lua)"
+  done
+done
+for n in "${keyed[@]}"; do
+  curl -s "127.0.0.1:${admin[$n-keys]}/stats" | awk -v n="$n" '
+    /wasmcustom.strata.decided.local:/ {l=$2} /wasmcustom.strata.decided.origin:/ {o=$2}
+    /wasmcustom.strata.replay.ok:/ {r=$2}
+    END {printf "  %-9s decided locally %d, at the gateway %d (%.1f per 1,000), replay batches %d\n", n, l, o, 1000*o/(l+o), r}'
+done

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
 use common::stack::{Stack, admitted, burst, get, header, stack};
-use common::upstream::port_of;
+use common::upstream::{SlowProxy, port_of};
 use serde_json::{Value, json};
 
 /// The filter configuration: `rules` and extra top-level settings.
@@ -343,9 +343,11 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
 
 /// The conformance table's rows with the gateway up (the same as the gateway's and workerd's):
 /// eight requests at once on a cold key make one decision call (one worker thread: a VM
-/// coalesces its own requests; each VM makes its own call); what Envoy admitted from memory
-/// while the gateway's Redis was down reaches Redis once it is back, with no request to carry
-/// it (the tick sends it again).
+/// coalesces its own requests; each VM makes its own call), and the seven after the first
+/// wait for it (the gateway behind a proxy that holds its answers 200 ms, so they all arrive
+/// while it is out: on a loaded machine they could otherwise come after its answer and pass
+/// from the lease); what Envoy admitted from memory while the gateway's Redis was down
+/// reaches Redis once it is back, with no request to carry it (the tick sends it again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
     let mut s = stack().await;
@@ -354,11 +356,12 @@ async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
         ..common::envoy::Options::default()
     };
     let rules = per_key(common::conformance::BURST_LIMIT);
+    let slow = SlowProxy::start(port_of(s.gateway()), Duration::from_millis(200)).await;
     let mut e = Envoy::start_opts(
-        &common::envoy::Filters::Strata(configuration(&rules, &json!({}))),
+        &common::envoy::Filters::Strata(configuration(&rules, &json!({"timeout_ms": 2000}))),
         &options,
         s.upstream.port(),
-        Some(port_of(s.gateway())),
+        Some(slow.port),
     );
     e.ready(&s.http).await;
     let (http, base) = (unpooled(), e.base.clone());

@@ -71,3 +71,53 @@ pub fn port_of(base: &str) -> u16 {
         .and_then(|p| p.parse().ok())
         .expect("a loopback URL with a port")
 }
+
+/// A TCP proxy on loopback to `target` that holds each chunk of the target's answers for
+/// `delay`: a gateway whose calls are in flight that long, so requests sent together all
+/// arrive while the first one's call is out. Dropped, it stops accepting.
+pub struct SlowProxy {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowProxy {
+    pub async fn start(target: u16, delay: std::time::Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    });
+                    let mut buf = [0_u8; 8192];
+                    loop {
+                        match server_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                tokio::time::sleep(delay).await;
+                                if client_write.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self { port, task }
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,7 +1,8 @@
--- wrk: each request's x-api-key drawn from KEYS keys (default 10,000) with Zipf s = 1.1, the
--- key-popularity shape of the issue's goal. Used by scripts/bench-envoy.sh.
+-- wrk: each request's x-api-key drawn from KEYS keys (default 10,000) with Zipf s = ZIPF_S
+-- (default 1.1, the key-popularity shape of the issue's goal; 0: every key alike). Used by
+-- scripts/bench-envoy.sh.
 local n = tonumber(os.getenv("KEYS") or "10000")
-local s = 1.1
+local s = tonumber(os.getenv("ZIPF_S") or "1.1")
 local cdf, total = {}, 0
 for i = 1, n do total = total + 1 / (i ^ s); cdf[i] = total end
 for i = 1, n do cdf[i] = cdf[i] / total end

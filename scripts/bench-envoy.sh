@@ -5,7 +5,8 @@
 # filter of bench/noop-filter (the floor any Wasm filter pays: V8, a context per stream, one
 # header read), and with Strata's filter on a warm key far from its limit, each at
 # `--concurrency 1` under `wrk -t1 -c32`. Then Strata's filter at `--concurrency 2` with KEYS
-# keys drawn with Zipf s = 1.1 (bench/zipf-keys.lua), and where its requests were decided.
+# keys drawn with Zipf s = ZIPF_S (default 1.1; 0: uniform; bench/zipf-keys.lua), and where its
+# requests were decided.
 # BASELINE_WASM adds another build of the filter beside the current one in both parts.
 #
 #   ./scripts/build-envoy.sh && cargo build --release -p strata-gateway
@@ -20,6 +21,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 KEYS=${KEYS:-10000}
+ZIPF_S=${ZIPF_S:-1.1}
 envoy=wasm-tests/envoy-venv/bin/envoy
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 strata="$PWD/envoy-wasm/dist/strata_envoy.wasm"
@@ -110,10 +112,10 @@ for n in "${keyed[@]}"; do
   envoy_config "$n-keys" "$([ "$n" = strata ] && echo "$strata" || echo "$BASELINE_WASM")"
   start "$n-keys" 2; port[$n-keys]=$PORT; admin[$n-keys]=$ADMIN
 done
-echo "$KEYS keys (Zipf 1.1), --concurrency 2:"
+echo "$KEYS keys (Zipf $ZIPF_S), --concurrency 2:"
 for r in $(seq "$ROUNDS"); do
   for n in "${keyed[@]}"; do
-    printf "  round %s  %-9s %s\n" "$r" "$n" "$(KEYS=$KEYS load "${port[$n-keys]}" -s bench/zipf-keys.lua)"
+    printf "  round %s  %-9s %s\n" "$r" "$n" "$(KEYS=$KEYS ZIPF_S=$ZIPF_S load "${port[$n-keys]}" -s bench/zipf-keys.lua)"
   done
 done
 for n in "${keyed[@]}"; do

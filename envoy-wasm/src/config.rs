@@ -52,11 +52,14 @@ const fn default_timeout() -> u64 {
 const fn default_replay() -> u64 {
     100
 }
-/// Enough that the keys an Envoy serves at once seldom share a slot (a key whose slot is taken
-/// is decided at the gateway each time); about 2.5 MB of shared data when empty.
+/// Enough that 10,000 keys an Envoy serves at once seldom find their slot taken (such a key
+/// is decided at the gateway each time): about 7.5 MB of shared data when empty, per Envoy.
 const fn default_slots() -> u64 {
-    16_384
+    65_536
 }
+
+/// The most shared slots: about 30 MB empty.
+const MAX_SHARED_SLOTS: u64 = 262_144;
 fn default_prefix() -> String {
     "strata".into()
 }
@@ -115,8 +118,13 @@ impl Config {
             timeout_ms: within(raw.timeout_ms, 1, 60_000, "timeout_ms")?,
             replay_interval_ms: within(raw.replay_interval_ms, 10, 60_000, "replay_interval_ms")?,
             stat_prefix: raw.stat_prefix,
-            shared_slots: usize::try_from(within(raw.shared_slots, 0, 65_536, "shared_slots")?)
-                .unwrap_or(0),
+            shared_slots: usize::try_from(within(
+                raw.shared_slots,
+                0,
+                MAX_SHARED_SLOTS,
+                "shared_slots",
+            )?)
+            .unwrap_or(0),
         })
     }
 
@@ -149,6 +157,7 @@ mod tests {
         assert_eq!(c.timeout_ms, 300);
         assert!(c.options().legacy_headers);
         assert_eq!(c.gate.rules().rules()[0].name, "per-ip");
+        assert_eq!(c.shared_slots, 65_536, "the default");
     }
 
     #[test]
@@ -166,6 +175,10 @@ mod tests {
             (
                 r#"{"gateway_cluster": "gw", "rules": [{"namespace": "a", "limit": "x", "duration": 1000, "actions": []}]}"#.to_string(),
                 "rules[0].limit",
+            ),
+            (
+                format!(r#"{{"gateway_cluster": "gw", "shared_slots": 262145, "rules": {RULES}}}"#),
+                "shared_slots",
             ),
             ("not json".to_string(), "expected"),
         ];

@@ -25,11 +25,16 @@ use crate::host::{Host, SetError};
 use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots, decode_slot, encode_slot};
 
 /// Passes a sweep takes to read every slot once: at the 100 ms default interval, a slot whose
-/// VM went away is replayed within 5 s.
-pub const SWEEP_PASSES: usize = 50;
-/// Passes between two looks at a watched slot that holds only a lease (the replay gives it
-/// back once it sits idle near the limit for a second).
-pub const QUIET_PASSES: u32 = 4;
+/// VM went away is replayed within 10 s, and 65,536 slots cost 656 reads a pass.
+pub const SWEEP_PASSES: usize = 100;
+/// Slots a replay batch of the shared home takes at most: each costs the worker a read and a
+/// write of shared data now and the same again for the answer, so a pass over thousands of
+/// keys goes in steps, each in its own callback, between requests (the gateway's replay is
+/// paced the same way).
+pub const SLOT_BATCH: usize = 128;
+/// Passes between two looks at a watched slot that holds only a lease near the limit (the
+/// replay gives it back once it sits idle for a second).
+pub const QUIET_PASSES: u32 = 5;
 
 /// The VM's table.
 pub const TABLE: Home = Home(0);
@@ -249,7 +254,10 @@ impl<H: Host> Homes<'_, H> {
                     return None; // nothing left for the replay
                 }
                 if state == before_state && events.len() == before {
-                    return Some(passes.saturating_add(QUIET_PASSES)); // a lease to watch
+                    // A lease to watch, until it sits idle near the limit; one far from it
+                    // needs nothing back (the sweep comes by meanwhile).
+                    return (!state.lease_is_far(now_ms))
+                        .then_some(passes.saturating_add(QUIET_PASSES));
                 }
                 let claim = if events.len() > before {
                     claim_until
@@ -372,7 +380,7 @@ impl<H: Host> Store for Homes<'_, H> {
         from: usize,
     ) -> (ReplayBatch, Option<usize>) {
         if home == SHARED {
-            return self.take_shared(max, now_ms, from);
+            return self.take_shared(max.min(SLOT_BATCH), now_ms, from);
         }
         self.state.table.take_replay_from(max, now_ms, None, from)
     }

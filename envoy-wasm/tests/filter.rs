@@ -612,8 +612,11 @@ fn a_pass_reads_the_slots_the_vm_wrote_and_a_share_of_the_rest() {
         r#", "shared_slots": 5000, "replay_interval_ms": 100"#,
     );
     let idle = reads_of_a_tick(&host, &mut vm, NOW + 100);
-    // The sweep lease, then 5,000 / 50 slots.
-    assert!(idle <= 101, "an idle pass read {idle} of 5,000 slots");
+    // The sweep lease, then 5,000 / SWEEP_PASSES slots.
+    assert!(
+        idle <= 1 + 5_000 / SWEEP_PASSES,
+        "an idle pass read {idle} of 5,000 slots"
+    );
     host.request("quinn");
     request(&host, &mut vm, 3);
     host.grant(3);

@@ -100,6 +100,20 @@ impl ReplayBatch {
 }
 
 impl WindowState {
+    /// Whether the current cell's count and lease stay within half the limit, with no recent
+    /// denial: there a lease is kept the same whoever asks (it may be renewed off the request
+    /// path, and nothing needs it back when it sits idle), while near the limit the next
+    /// decision must size it afresh from the others' use.
+    pub fn lease_is_far(&self, now_ms: u64) -> bool {
+        let current = self.current();
+        current
+            .counts()
+            .total()
+            .saturating_add(current.lease_left())
+            <= self.limit() / 2
+            && now_ms >= self.strict_until()
+    }
+
     /// Adds to `events` what a replay pass takes from this state (of window key `key`) at
     /// `now_ms`: an event per cell holding own cost the origin has not acknowledged, and the
     /// lease, released, if it sat idle near the limit for a pass (see
@@ -136,14 +150,7 @@ impl WindowState {
         }
         let released = if idle { self.release_lease() } else { 0 };
         let current = self.current();
-        // Only far from the limit: there a lease is kept the same whoever asks, while near it
-        // (or after a denial) the next decision must size it afresh from the others' use.
-        let far = current
-            .counts()
-            .total()
-            .saturating_add(current.lease_left())
-            <= self.limit() / 2
-            && now_ms >= self.strict_until();
+        let far = self.lease_is_far(now_ms);
         let renew = if renew_within > 0
             && far
             && !idle

@@ -111,11 +111,6 @@ impl SlotReplay {
             *due = 0;
         }
     }
-
-    /// Slots being watched.
-    pub fn watched(&self) -> usize {
-        self.due.iter().filter(|d| **d != 0).count()
-    }
 }
 
 impl VmState {

@@ -7,7 +7,10 @@
 # `--concurrency 1` under `wrk -t1 -c32`. Then Strata's filter at `--concurrency 2` with KEYS
 # keys drawn with Zipf s = ZIPF_S (default 1.1; 0: uniform; bench/zipf-keys.lua), and where its
 # requests were decided.
-# BASELINE_WASM adds another build of the filter beside the current one in both parts.
+# BASELINE_WASM adds another build of the filter beside the current one in both parts, and
+# FILTER_CONFIG adds settings to the Strata filters' configuration (`'"shared_slots": 0,'`,
+# `'"headers_on_pass": false,'`: what a part costs). Before the rounds, each Envoy's resident
+# memory after start and its CPU over 5 s idle.
 #
 #   ./scripts/build-envoy.sh && cargo build --release -p strata-gateway
 #   scripts/bench-envoy.sh                             # 3 rounds of 5 s, 10,000 keys
@@ -22,6 +25,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 KEYS=${KEYS:-10000}
 ZIPF_S=${ZIPF_S:-1.1}
+FILTER_CONFIG=${FILTER_CONFIG:-}
 envoy=wasm-tests/envoy-venv/bin/envoy
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 strata="$PWD/envoy-wasm/dist/strata_envoy.wasm"
@@ -48,14 +52,15 @@ wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
 envoy_config() {
   local name=$1 wasm=$2 port admin
   port=$(free_port); admin=$(free_port)
-  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" >"$work/$name.yaml" <<'PY'
+  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$FILTER_CONFIG" >"$work/$name.yaml" <<'PY'
 import sys
-name, wasm, port, admin, gw = sys.argv[1:]
+name, wasm, port, admin, gw, extra = sys.argv[1:]
 s = open("envoy-wasm/envoy.yaml").read()
 s = s.replace("port_value: 9901", f"port_value: {admin}").replace("port_value: 10000", f"port_value: {port}")
 s = s.replace("port_value: 8080", f"port_value: {gw}")
 s = s.replace("route: { cluster: upstream }", 'direct_response: { status: 200, body: { inline_string: "ok" } }')
 s = s.replace('"limit": 5,', '"limit": 1000000000,').replace("vm_id: strata", f"vm_id: {name}")
+s = s.replace('"stat_prefix": "strata",', '"stat_prefix": "strata", ' + extra)
 start, end = s.index("          - name: envoy.filters.http.wasm"), s.index("          - name: envoy.filters.http.router")
 if wasm == "-":
     s = s[:start] + s[end:]
@@ -66,13 +71,16 @@ PY
   echo "$port $admin" >"$work/$name.ports"
 }
 
-# start NAME CONCURRENCY : starts the config's Envoy; sets PORT and ADMIN.
+# start NAME CONCURRENCY : starts the config's Envoy; sets PORT and ADMIN, and its pid in
+# pid[NAME].
+declare -A pid
 base_id=$((RANDOM % 1000 + 100))
 start() {
   read -r PORT ADMIN <"$work/$1.ports"
   base_id=$((base_id + 1))
   "$envoy" -c "$work/$1.yaml" --concurrency "$2" --base-id "$base_id" >"$work/$1.log" 2>&1 &
   pids+=($!)
+  pid[$1]=$!
   wait_port "$PORT" || { cat "$work/$1.log"; exit 1; }
   for _ in $(seq 50); do curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:$PORT/" && return 0; sleep 0.1; done
   cat "$work/$1.log"; exit 1
@@ -95,6 +103,22 @@ if [ -n "${BASELINE_WASM:-}" ]; then
 fi
 declare -A port admin
 for n in "${names[@]}"; do start "$n" 1; port[$n]=$PORT; admin[$n]=$ADMIN; done
+# idle NAME... : each Envoy's resident memory now and its CPU over the next 5 s.
+idle() {
+  local n cpu0=()
+  ticks() { awk '{print $14 + $15}' "/proc/${pid[$1]}/stat"; }
+  for n in "$@"; do cpu0+=("$(ticks "$n")"); done
+  sleep 5
+  local i=0
+  for n in "$@"; do
+    printf "  %-12s resident %6d kB, idle CPU %4d ms in 5 s\n" "$n" \
+      "$(awk '/VmRSS/ {print $2}' "/proc/${pid[$n]}/status")" \
+      "$(( ($(ticks "$n") - ${cpu0[$i]}) * 1000 / $(getconf CLK_TCK) ))"
+    i=$((i + 1))
+  done
+}
+echo "Each Envoy after start:"
+idle "${names[@]}"
 echo "Warm key, --concurrency 1, wrk -t1 -c32 -d${DURATION}s; ratio to no Wasm filter in the same round:"
 for r in $(seq "$ROUNDS"); do
   base=""
@@ -112,6 +136,8 @@ for n in "${keyed[@]}"; do
   envoy_config "$n-keys" "$([ "$n" = strata ] && echo "$strata" || echo "$BASELINE_WASM")"
   start "$n-keys" 2; port[$n-keys]=$PORT; admin[$n-keys]=$ADMIN
 done
+echo "The --concurrency 2 Envoys after start:"
+idle "${keyed[@]/%/-keys}"
 echo "$KEYS keys (Zipf $ZIPF_S), --concurrency 2:"
 for r in $(seq "$ROUNDS"); do
   for n in "${keyed[@]}"; do

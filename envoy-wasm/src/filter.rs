@@ -8,9 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use strata_core::driver::{
-    Decided, Driver, DriverConfig, DriverStats, MIN_REPLAY_TIMEOUT_MS, Started, Transmit,
-};
+use strata_core::driver::{Decided, Driver, DriverConfig, DriverStats, Started, Transmit};
 use strata_core::memory::MemoryReport;
 use strata_core::rules::{ListRequest, Reads, host_of, path_of};
 use strata_core::wire::instance_id;
@@ -183,14 +181,14 @@ impl Vm {
             let fresh = instance_id(&config.region, "envoy", host.random_u64());
             Slots::seed(host, config.shared_slots, &fresh)
         });
-        let driver = Driver::new(
-            config.gate.clone(),
-            DriverConfig {
-                timeout_ms: config.timeout_ms,
-                replay_interval_ms: config.replay_interval_ms,
-                unaddressed_counter: format!("{}.unaddressed", config.stat_prefix),
-            },
-        );
+        let driver_config = DriverConfig {
+            timeout_ms: config.timeout_ms,
+            replay_interval_ms: config.replay_interval_ms,
+            unaddressed_counter: format!("{}.unaddressed", config.stat_prefix),
+        };
+        // A slot's counts are claimed for as long as the batch taking them may be out.
+        let claim_ms = driver_config.replay_timeout_ms();
+        let driver = Driver::new(config.gate.clone(), driver_config);
         // Calls are dispatched from the root context: Envoy cancels a call with the context
         // that made it, and a stream goes away when its own request is done (or its client
         // hangs up) while others may still wait on that call. A stream's callback wakes the
@@ -208,7 +206,7 @@ impl Vm {
             slots,
             vm_tag,
             replay_lease_ms: config.replay_interval_ms.saturating_mul(3),
-            claim_ms: config.timeout_ms.max(MIN_REPLAY_TIMEOUT_MS),
+            claim_ms,
             replay: SlotReplay::new(config.shared_slots),
         };
         Self {

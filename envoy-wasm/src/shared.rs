@@ -157,8 +157,20 @@ impl Slots {
 
     /// Writes `state` back as `key`'s, if nobody wrote the slot since it was read.
     pub fn store(host: &impl Host, loaded: &Loaded, key: WindowKeyRef<'_>) -> Result<(), SetError> {
-        let bytes = encode_slot(loaded.claim, entry_key(key), &loaded.state);
-        host.shared_set(&slot_name(loaded.index), &bytes, loaded.cas)
+        let (n, claim, cas) = (loaded.index, loaded.claim, loaded.cas);
+        Self::write(host, n, claim, entry_key(key), &loaded.state, cas)
+    }
+
+    /// Writes slot `n`: `claim`, `key` and `state`, if its token is still `cas`.
+    pub fn write(
+        host: &impl Host,
+        n: usize,
+        claim: u64,
+        key: EntryKey<'_>,
+        state: &WindowState,
+        cas: Option<u32>,
+    ) -> Result<(), SetError> {
+        host.shared_set(&slot_name(n), &encode_slot(claim, key, state), cas)
     }
 
     /// Slot `n`'s bytes and token, if it holds an entry.

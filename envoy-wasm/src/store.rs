@@ -22,7 +22,7 @@ use strata_core::table::{LimitRequest, TooManyLimits};
 use strata_core::{CounterTable, WindowDuration};
 
 use crate::host::{Host, SetError};
-use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots, decode_slot, encode_slot};
+use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots, decode_slot};
 
 /// Passes a sweep takes to read every slot once: at the 100 ms default interval, a slot whose
 /// VM went away is replayed within 10 s, and 65,536 slots cost 656 reads a pass.
@@ -87,54 +87,53 @@ impl SlotReplay {
         }
     }
 
-    /// Slot `n` was written: read it on the next pass.
+    /// Slot `n` was written: read it on the next pass (or sooner, if it is due sooner).
     fn watch(&mut self, n: usize) {
-        self.read_at(n, self.passes.saturating_add(1));
+        let next = self.passes.saturating_add(1);
+        if let Some(due) = self.due.get(n).copied()
+            && due != 0
+            && due <= next
+        {
+            return;
+        }
+        self.set_due(n, next);
     }
 
-    /// Reads slot `n` at pass `at` (or earlier, if it is due sooner).
-    fn read_at(&mut self, n: usize, at: u32) {
+    /// Reads slot `n` next at pass `at` (0: no more).
+    fn set_due(&mut self, n: usize, at: u32) {
         let Some(due) = self.due.get_mut(n) else {
             return;
         };
-        if *due == 0 {
+        if *due == 0 && at != 0 {
             self.watched.push(n);
-            *due = at;
-        } else {
-            *due = (*due).min(at);
         }
+        *due = at;
     }
 
-    /// Stops watching slot `n`.
-    fn forget(&mut self, n: usize) {
-        if let Some(due) = self.due.get_mut(n) {
-            *due = 0;
-        }
-    }
-}
-
-impl VmState {
-    /// The slots a pass reads: the watched ones due, and a sweep of `count / SWEEP_PASSES`
-    /// from where the last one stopped when this VM sweeps.
+    /// Begins a pass: the watched slots due, and a sweep of `count / SWEEP_PASSES` from where
+    /// the last one stopped when this VM sweeps.
     fn begin_pass(&mut self, count: usize, sweep: bool) {
-        let r = &mut self.replay;
-        r.passes = r.passes.saturating_add(1);
-        let (passes, due) = (r.passes, &r.due);
-        r.watched.retain(|n| due.get(*n).is_some_and(|d| *d != 0));
-        r.pass.clear();
-        r.pass.extend(
-            r.watched
+        self.passes = self.passes.saturating_add(1);
+        let (passes, due) = (self.passes, &self.due);
+        // A slot forgotten and written again within a pass is listed twice.
+        self.watched
+            .retain(|n| due.get(*n).is_some_and(|d| *d != 0));
+        self.watched.sort_unstable();
+        self.watched.dedup();
+        self.pass.clear();
+        self.pass.extend(
+            self.watched
                 .iter()
                 .filter(|n| due.get(**n).is_some_and(|d| *d <= passes)),
         );
         if sweep && count > 0 {
             let width = count.div_ceil(SWEEP_PASSES);
-            r.pass
-                .extend((0..width).map(|i| (r.sweep_from + i) % count));
-            r.sweep_from = (r.sweep_from + width) % count;
+            let from = self.sweep_from;
+            self.pass.extend((0..width).map(|i| (from + i) % count));
+            self.sweep_from = (from + width) % count;
+            self.pass.sort_unstable();
+            self.pass.dedup();
         }
-        r.pass.sort_unstable();
-        r.pass.dedup();
     }
 }
 
@@ -220,64 +219,53 @@ impl<H: Host> Homes<'_, H> {
         };
         if from == 0 {
             let sweep = self.sweep_turn(now_ms);
-            self.state.begin_pass(count, sweep);
+            self.state.replay.begin_pass(count, sweep);
         }
-        let claim_until = now_ms.saturating_add(self.state.claim_ms);
-        let r = &mut self.state.replay;
-        let passes = r.passes;
         for i in from.. {
-            let Some(n) = r.pass.get(i).copied() else {
+            let Some(n) = self.state.replay.pass.get(i).copied() else {
                 break;
             };
             if events.len() >= max {
                 return (ReplayBatch { events }, Some(i));
             }
-            let next = Slots::read(self.host, n).and_then(|(bytes, cas)| {
-                let (claim, entry, mut state) = decode_slot(&bytes)?;
-                if claim > now_ms {
-                    return Some(passes.saturating_add(1)); // another VM's batch is out
-                }
-                let key = WindowDuration::from_ms(entry.duration_ms)
-                    .ok()
-                    .and_then(|d| {
-                        WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok()
-                    })?
-                    .to_owned_key();
-                let before = events.len();
-                let before_state = state;
-                if !state.take_replay_events(&key, now_ms, 0, &mut events) {
-                    return None; // nothing left for the replay
-                }
-                if state == before_state && events.len() == before {
-                    // A lease to watch, until it sits idle near the limit; one far from it
-                    // needs nothing back (the sweep comes by meanwhile).
-                    return (!state.lease_is_far(now_ms))
-                        .then_some(passes.saturating_add(QUIET_PASSES));
-                }
-                let claim = if events.len() > before {
-                    claim_until
-                } else {
-                    0
-                };
-                let written = self.host.shared_set(
-                    &crate::shared::slot_name(n),
-                    &encode_slot(claim, entry, &state),
-                    cas,
-                );
-                if written.is_err() {
-                    events.truncate(before); // written meanwhile: the next pass
-                }
-                Some(passes.saturating_add(1))
-            });
-            match next {
-                Some(at) => {
-                    r.forget(n);
-                    r.read_at(n, at);
-                }
-                None => r.forget(n),
-            }
+            let wait = self.take_slot(n, now_ms, &mut events);
+            let r = &mut self.state.replay;
+            r.set_due(n, wait.map_or(0, |w| r.passes.saturating_add(w)));
         }
         (ReplayBatch { events }, None)
+    }
+
+    /// Adds slot `n`'s replay events to `events`, writing the slot back claimed until the
+    /// batch's answer is due; the passes until it is read again (`None`: it needs nothing
+    /// more of the replay, or holds only a lease far from its limit, which nothing needs back;
+    /// the sweep comes by meanwhile).
+    fn take_slot(&self, n: usize, now_ms: u64, events: &mut Vec<ReplayEvent>) -> Option<u32> {
+        let (bytes, cas) = Slots::read(self.host, n)?;
+        let (claim, entry, mut state) = decode_slot(&bytes)?;
+        if claim > now_ms {
+            return Some(1); // another VM's batch is out
+        }
+        let key = WindowDuration::from_ms(entry.duration_ms)
+            .ok()
+            .and_then(|d| WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok())?
+            .to_owned_key();
+        let (before, before_state) = (events.len(), state);
+        if !state.take_replay_events(&key, now_ms, 0, events) {
+            return None;
+        }
+        if state == before_state && events.len() == before {
+            // A lease to watch until it sits idle near the limit.
+            return (!state.lease_is_far(now_ms)).then_some(QUIET_PASSES);
+        }
+        let claim = if events.len() > before {
+            now_ms.saturating_add(self.state.claim_ms)
+        } else {
+            0
+        };
+        if Slots::write(self.host, n, claim, entry, &state, cas).is_err() {
+            events.truncate(before); // written meanwhile: the next pass
+        }
+        Some(1)
     }
 
     /// Whether this VM sweeps this pass: it holds the sweep lease in shared data, or takes it
@@ -393,5 +381,26 @@ impl<H: Host> Store for Homes<'_, H> {
 
     fn periodic(&self, home: Home) -> bool {
         home == SHARED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_watched_pass_after_pass_is_listed_once() {
+        let mut r = SlotReplay::new(8);
+        r.watch(3);
+        for _ in 0..1_000 {
+            r.begin_pass(8, false);
+            assert_eq!(r.pass, [3]);
+            r.set_due(3, r.passes.saturating_add(1)); // events taken again
+            r.watch(3); // and a request wrote it
+        }
+        r.set_due(3, 0); // forgotten, then written again within one pass
+        r.watch(3);
+        r.begin_pass(8, false);
+        assert_eq!((r.watched.len(), r.pass.len()), (1, 1));
     }
 }

@@ -204,6 +204,14 @@ impl Fake {
             .map(|(_, v)| *v)
             .unwrap()
     }
+    /// The gateway answers `vm`'s call `token` as [`grant`](Self::grant) says, and the
+    /// decisions it makes are applied.
+    fn answer(&self, vm: &mut Vm, token: u32, lease: u64) {
+        self.grant(lease);
+        vm.on_call_response(self, token, 0);
+        settle(self, vm, token);
+    }
+
     /// The gateway passes every limit of the last decide call and lends `lease`.
     fn grant(&self, lease: u64) {
         let dispatched = self.dispatched.borrow();
@@ -269,9 +277,7 @@ fn a_cold_key_pauses_for_the_gateway_then_resumes_with_headers() {
         instance.starts_with("envoy-") && instance.len() == 22,
         "{instance}"
     );
-    host.grant(3);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 3);
     assert_eq!(host.resumed.get(), 1);
     vm.on_response(&host, 7);
     let added = host.added.borrow().clone();
@@ -297,9 +303,7 @@ fn a_warm_request_makes_a_handful_of_host_calls() {
     let mut vm = vm(&host, "");
     host.request("warm");
     assert_eq!(request(&host, &mut vm, 7), Verdict::Pause);
-    host.grant(100);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 100);
     vm.on_response(&host, 7);
     host.calls.set(0);
     assert_eq!(request(&host, &mut vm, 8), Verdict::Continue);
@@ -381,9 +385,7 @@ fn the_tick_settles_requests_whose_call_outlived_the_timeout() {
     assert_eq!(host.context.get(), 1, "the root context is current again");
     assert_eq!(host.counter("strata.decided.fallback"), 1);
     // The late answer changes nothing.
-    host.grant(3);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 3);
     assert_eq!(host.resumed.get(), 1);
 }
 
@@ -393,9 +395,7 @@ fn accepted_cost_is_replayed_on_the_tick_and_acknowledged() {
     let mut vm = vm(&host, r#", "replay_interval_ms": 100"#);
     host.request("erin");
     request(&host, &mut vm, 5);
-    host.grant(3);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 3);
     for c in 0..3 {
         assert_eq!(request(&host, &mut vm, 20 + c), Verdict::Continue);
     }
@@ -559,9 +559,7 @@ fn a_slot_two_vms_wrote_is_replayed_by_one_of_them() {
     let mut b = vm(&b_host, r#", "replay_interval_ms": 100"#);
     a_host.request("ivan");
     request(&a_host, &mut a, 5);
-    a_host.grant(3);
-    a.on_call_response(&a_host, 1, 0);
-    settle(&a_host, &mut a, 1);
+    a_host.answer(&mut a, 1, 3);
     b_host.request("ivan");
     assert_eq!(
         request(&b_host, &mut b, 6),
@@ -619,9 +617,7 @@ fn a_pass_reads_the_slots_the_vm_wrote_and_a_share_of_the_rest() {
     );
     host.request("quinn");
     request(&host, &mut vm, 3);
-    host.grant(3);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 3);
     assert_eq!(request(&host, &mut vm, 4), Verdict::Continue);
     reads_of_a_tick(&host, &mut vm, NOW + 200);
     let replay = host.dispatched.borrow().last().cloned().unwrap();
@@ -683,9 +679,7 @@ fn a_key_in_the_vms_table_asks_for_no_lease_the_other_vms_could_not_use() {
     let mut vm = vm(&host, r#", "shared_slots": 1"#);
     host.request("judy");
     assert_eq!(request(&host, &mut vm, 1), Verdict::Pause);
-    host.grant(2);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 2);
     host.request("kim"); // the one slot holds judy's live lease
     for (context, token) in [(2, 2), (3, 3)] {
         assert_eq!(
@@ -693,9 +687,7 @@ fn a_key_in_the_vms_table_asks_for_no_lease_the_other_vms_could_not_use() {
             Verdict::Pause,
             "every pass of kim's is decided at the gateway"
         );
-        host.grant(0);
-        vm.on_call_response(&host, token, 0);
-        settle(&host, &mut vm, token);
+        host.answer(&mut vm, token, 0);
     }
     let wants: Vec<u64> = host
         .dispatched
@@ -729,9 +721,7 @@ fn concurrent_requests_on_a_cold_key_wait_for_one_call_and_are_all_settled() {
     assert_eq!(host.counter("strata.origin.coalesced"), 7);
     // The gateway counts one and lends four: five go on, and the count the VM now holds
     // (5 of 5) denies the other three from memory.
-    host.grant(4);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 4);
     assert_eq!(host.resumed.get(), 5);
     assert_eq!(host.dispatched.borrow().len(), 1);
     assert_eq!(
@@ -763,9 +753,7 @@ fn calls_are_dispatched_from_the_root_context_a_stream_wakes() {
         "one call: the second joined it"
     );
     vm.on_done(7); // the first client hangs up: its call still settles the second
-    host.grant(3);
-    vm.on_call_response(&host, 1, 0);
-    settle(&host, &mut vm, 1);
+    host.answer(&mut vm, 1, 3);
     assert_eq!(host.resumed.get(), 1);
 }
 

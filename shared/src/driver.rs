@@ -191,6 +191,14 @@ pub struct DriverConfig {
     pub unaddressed_counter: String,
 }
 
+impl DriverConfig {
+    /// How long a replay batch may take: the timeout, and at least
+    /// [`MIN_REPLAY_TIMEOUT_MS`] (a batch is bigger than a decision, and nothing waits on it).
+    pub fn replay_timeout_ms(&self) -> u64 {
+        self.timeout_ms.max(MIN_REPLAY_TIMEOUT_MS)
+    }
+}
+
 /// A call for the shell to send: `POST path` with `body`, given up after `timeout_ms`; its
 /// answer goes to [`Driver::answer`] and a failure to [`Driver::fail`] with `call`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -871,7 +879,7 @@ impl Driver {
             return self.pass_done(store, home, now_ms);
         };
         let id = self.call_id();
-        let timeout_ms = self.config.timeout_ms.max(MIN_REPLAY_TIMEOUT_MS);
+        let timeout_ms = self.config.replay_timeout_ms();
         self.transmits.push_back(Transmit {
             call: id,
             path: REPLAY_PATH,

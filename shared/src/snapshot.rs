@@ -126,19 +126,13 @@ pub struct EntryKey<'a> {
     pub duration_ms: u64,
 }
 
-/// An entry: `key` and its state.
-pub fn encode_entry(key: EntryKey<'_>, state: &WindowState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(entry_len(key));
-    write_entry(&mut out, key, state);
-    out
-}
-
 /// The bytes of `key`'s entry.
 pub fn entry_len(key: EntryKey<'_>) -> usize {
     13 + key.namespace.len() + key.identifier.len() + STATE_BYTES
 }
 
-/// Appends the entry of `key` and `state` to `out` (after a shell's own header, say).
+/// Appends the entry of `key` and `state` to `out` (after a shell's own header, say):
+/// [`entry_len`] bytes.
 pub fn write_entry(out: &mut Vec<u8>, key: EntryKey<'_>, state: &WindowState) {
     let (ns, id) = (key.namespace.as_bytes(), key.identifier.as_bytes());
     out.push(VERSION);
@@ -194,7 +188,9 @@ mod tests {
             identifier: "key=a&b%3D",
             duration_ms: 60_000,
         };
-        let bytes = encode_entry(key, &state);
+        let mut bytes = Vec::new();
+        write_entry(&mut bytes, key, &state);
+        assert_eq!(bytes.len(), entry_len(key));
         let (k, s) = decode_entry(&bytes).unwrap();
         assert_eq!((k, s), (key, state));
         for n in 0..bytes.len() {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{Envoy, Filters, Options, faulty_filter};
 use common::hostile;
-use common::stack::{get, stack};
+use common::stack::{DAY_MS, get, stack};
 use common::upstream::{Upstream, port_of};
 use serde_json::json;
 
@@ -43,6 +43,24 @@ fn failures(stats: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
         .filter(|(n, _)| n.ends_with(".created") || n.contains("vm_reload") || n.contains("fail"))
         .map(|(n, v)| (n.clone(), *v))
         .collect()
+}
+
+/// Waits until the worker serves again, once Envoy has rebuilt a VM that failed (a request no
+/// rule applies to); 15 s at most.
+async fn serves_again(e: &Envoy, http: &reqwest::Client) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _, _) = get(http, &e.base, &[]).await;
+        if status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status} 15 s after the VM failed\n{}",
+            e.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,20 +183,7 @@ async fn a_request_paused_when_its_vm_fails_is_answered_within_the_request_timeo
         "answered after {took:?}\n{}",
         e.log()
     );
-    // The worker serves again once Envoy has rebuilt the VM (a request no rule applies to).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (status, _, _) = get(&http, &e.base, &[]).await;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still {status} 15 s after the VM failed\n{}",
-            e.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    serves_again(&e, &http).await;
     let after = failures(&vm_stats(&e, &http).await);
     println!("VM counters {before:?} -> {after:?}");
     assert_ne!(before, after, "Envoy counts the failed VM\n{}", e.log());
@@ -219,7 +224,7 @@ async fn what_a_failed_vm_admitted_from_its_lease_reaches_the_gateway() {
             assert_eq!(get(&s.http, &e.base, &[("x-api-key", &key)]).await.0, 200);
         }
         let identifier = format!("key={key}");
-        if s.regional_at("e2e", &identifier, 86_400_000, common::stack::now_ms())
+        if s.regional_at("e2e", &identifier, DAY_MS, common::stack::now_ms())
             .await
             < 5
         {
@@ -229,12 +234,7 @@ async fn what_a_failed_vm_admitted_from_its_lease_reaches_the_gateway() {
         }
     }
     let identifier = trapped.expect("five tries, and every time the VM replayed before the trap");
-    // Envoy builds the VM again for the worker's next request.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while get(&s.http, &e.base, &[]).await.0 != 200 {
-        assert!(Instant::now() < deadline, "no VM again\n{}", e.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    serves_again(&e, &s.http).await;
     let counted = s.settles_at("e2e", &identifier, 5).await;
     assert_eq!(
         counted,

@@ -26,17 +26,21 @@ impl Auth {
 
     /// The workspace the request's bearer token binds.
     pub fn workspace<'a>(&'a self, headers: &HeaderMap) -> Result<&'a str, ApiError> {
+        self.workspace_of(headers.get(AUTHORIZATION).map(|v| v.as_bytes()))
+    }
+
+    /// The workspace an `Authorization` value binds (an HTTP header or gRPC metadata).
+    pub fn workspace_of<'a>(&'a self, authorization: Option<&[u8]>) -> Result<&'a str, ApiError> {
         if self.tokens.is_empty() {
             return Ok(DEFAULT_WORKSPACE);
         }
-        let Some(value) = headers.get(AUTHORIZATION) else {
+        let Some(value) = authorization else {
             return Err(ApiError::new(
                 ErrorCode::Unauthorized,
                 "missing Authorization: Bearer <token>",
             ));
         };
-        let token = value
-            .to_str()
+        let token = std::str::from_utf8(value)
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)

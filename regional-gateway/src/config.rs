@@ -9,12 +9,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
 use strata_core::identity::validate_workspace;
 use strata_core::{FailureMode, Region};
+
+use crate::rls::RlsConfig;
 
 /// Default listen address: loopback only, so a fresh gateway is not reachable from outside.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
@@ -73,7 +76,7 @@ impl Shown for Duration {
     fn shown(&self) -> String {
         if self.subsec_nanos() == 0 {
             format!("{}s", self.as_secs())
-        } else if self.subsec_nanos() % 1_000_000 == 0 {
+        } else if self.subsec_nanos().is_multiple_of(1_000_000) {
             format!("{}ms", self.as_millis())
         } else {
             humantime::format_duration(*self).to_string()
@@ -218,6 +221,12 @@ layer! {
         #[arg(long, env = "STRATA_CLEANUP_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_CLEANUP_INTERVAL]
         pub cleanup_interval: Option<String>,
+        /// Address of Envoy's rate-limit service (gRPC), for Envoy's own `ratelimit` filter. Off unless set; needs --rls-config; a non-loopback address requires tokens.
+        #[arg(long, env = "STRATA_RLS_LISTEN", value_name = "ADDR")]
+        pub rls_listen: Option<String>,
+        /// The rate-limit service's descriptors, in envoyproxy/ratelimit's YAML shape: a file (one domain per `---` document) or a directory of .yaml files.
+        #[arg(long, env = "STRATA_RLS_CONFIG", value_name = "PATH")]
+        pub rls_config: Option<PathBuf>,
         /// Also answer decisions with X-RateLimit-Limit, -Remaining and -Reset (true or false), as the edge and the Envoy filter can.
         #[arg(long, env = "STRATA_LEGACY_HEADERS", value_name = "BOOL")]
         #[default = false]
@@ -320,6 +329,17 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// Whether decisions also carry the legacy `X-RateLimit-*` trio.
     pub legacy_headers: bool,
+    /// Envoy's rate-limit service: where it listens and its descriptors; `None`: off.
+    pub rls: Option<RlsSettings>,
+}
+
+/// Envoy's rate-limit service, when it is on.
+#[derive(Clone, Debug)]
+pub struct RlsSettings {
+    /// Where the gRPC service listens.
+    pub listen: SocketAddr,
+    /// The descriptors, loaded and checked at start.
+    pub config: Arc<RlsConfig>,
 }
 
 impl Default for Settings {
@@ -347,6 +367,7 @@ impl Default for Settings {
             cleanup_interval: DEFAULT_CLEANUP_INTERVAL,
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             legacy_headers: false,
+            rls: None,
         }
     }
 }
@@ -444,16 +465,15 @@ impl Settings {
             None => d.region,
         };
         let redis_url = layer.redis_url.map(|u| u.trim().to_string());
-        if let Some(url) = &redis_url {
-            if !(url.starts_with("redis://")
+        if let Some(url) = &redis_url
+            && !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
                 || url.starts_with("unix://"))
-            {
-                return Err(err(
-                    "--redis-url",
-                    "must start with redis://, rediss:// or unix://",
-                ));
-            }
+        {
+            return Err(err(
+                "--redis-url",
+                "must start with redis://, rediss:// or unix://",
+            ));
         }
         let redis_cluster: Vec<String> = layer
             .redis_cluster
@@ -506,6 +526,7 @@ impl Settings {
                 ),
             ));
         }
+        let rls = rls(layer.rls_listen, layer.rls_config, &tokens)?;
         let data_dir = layer.data_dir.unwrap_or(d.data_dir);
         let database_url = match layer.database_url.map(|u| u.trim().to_string()) {
             Some(url) if url.starts_with("mysql://") || url.starts_with("sqlite:") => url,
@@ -562,8 +583,52 @@ impl Settings {
             tokens,
             database_url,
             data_dir,
+            rls,
         })
     }
+}
+
+/// The rate-limit service's settings: both or neither of `--rls-listen` and `--rls-config`.
+fn rls(
+    listen: Option<String>,
+    config: Option<PathBuf>,
+    tokens: &HashMap<String, String>,
+) -> Result<Option<RlsSettings>, ConfigError> {
+    let (listen, path) = match (listen, config) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(err(
+                "--rls-listen",
+                "needs --rls-config, the descriptors it serves",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(err(
+                "--rls-config",
+                "is read only by the service --rls-listen starts: set both",
+            ));
+        }
+        (Some(listen), Some(path)) => (listen, path),
+    };
+    let listen = listen.trim().parse::<SocketAddr>().map_err(|_| {
+        err(
+            "--rls-listen",
+            format_args!("{listen:?} is not an address like 127.0.0.1:8081"),
+        )
+    })?;
+    if tokens.is_empty() && !listen.ip().is_loopback() {
+        return Err(err(
+            "--rls-listen",
+            format_args!(
+                "refusing to listen on {listen} without tokens: set --tokens or --tokens-file, or listen on loopback"
+            ),
+        ));
+    }
+    let config = RlsConfig::load(&path).map_err(|e| err("--rls-config", e))?;
+    Ok(Some(RlsSettings {
+        listen,
+        config: Arc::new(config),
+    }))
 }
 
 /// The `--config` file as a [`Layer`]; an error names the file, and the key when one is at fault.
@@ -686,6 +751,73 @@ mod tests {
             ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]
         );
         assert!(s.redis_url.is_none());
+    }
+
+    #[test]
+    fn the_rate_limit_service_needs_both_its_settings_and_tokens_off_loopback() {
+        let dir = std::env::temp_dir().join(format!("strata-rls-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("rls.yaml");
+        std::fs::write(&good, "domain: d\n").unwrap();
+        let bad = dir.join("bad.yaml");
+        std::fs::write(
+            &bad,
+            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n",
+        )
+        .unwrap();
+        let (good, bad) = (good.to_str().unwrap(), bad.to_str().unwrap());
+        assert!(
+            Settings::from_cli(cli(&[])).unwrap().rls.is_none(),
+            "off by default"
+        );
+        let on = Settings::from_cli(cli(&[
+            "--rls-listen",
+            "127.0.0.1:8081",
+            "--rls-config",
+            good,
+        ]))
+        .unwrap()
+        .rls
+        .unwrap();
+        assert_eq!(on.listen.to_string(), "127.0.0.1:8081");
+        assert!(on.config.has_domain("d"));
+        for (args, setting, says) in [
+            (
+                vec!["--rls-listen", "127.0.0.1:8081"],
+                "--rls-listen",
+                "needs --rls-config",
+            ),
+            (vec!["--rls-config", good], "--rls-config", "set both"),
+            (
+                vec!["--rls-listen", "nowhere", "--rls-config", good],
+                "--rls-listen",
+                "not an address",
+            ),
+            (
+                vec!["--rls-listen", "0.0.0.0:8081", "--rls-config", good],
+                "--rls-listen",
+                "without tokens",
+            ),
+            (
+                vec!["--rls-listen", "127.0.0.1:8081", "--rls-config", bad],
+                "--rls-config",
+                "descriptors[0].quota_mode",
+            ),
+        ] {
+            let e = Settings::from_cli(cli(&args)).unwrap_err();
+            assert_eq!(e.setting, setting, "{args:?}: {e}");
+            assert!(e.to_string().contains(says), "{args:?}: {e}");
+        }
+        let public = Settings::from_cli(cli(&[
+            "--rls-listen",
+            "0.0.0.0:8081",
+            "--rls-config",
+            good,
+            "--tokens",
+            "s3cret-token=acme",
+        ]));
+        assert!(public.is_ok(), "tokens allow a public listener");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! | [`config`] | flags, environment, TOML file; validation |
 //! | [`api`] | routes, the JSON body extractor, handlers, the OpenAPI description |
 //! | [`auth`] | bearer tokens → workspaces |
+//! | [`rls`] | Envoy's rate-limit service (gRPC) and its descriptor configuration |
 //! | [`limiter`] | the decision flow over the core's request path, and replay |
 //! | [`local`] | the core's table, sharded behind mutexes |
 //! | [`origin`] | the regional origin backends, with timeout, breaker and metrics |
@@ -26,9 +27,11 @@ pub mod limiter;
 pub mod local;
 pub mod metrics;
 pub mod origin;
+pub mod rls;
 pub mod steps;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -36,6 +39,7 @@ use std::time::Duration;
 use strata_core::origin::OriginPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
 
 use crate::auth::Auth;
 use crate::clock::Clock;
@@ -45,6 +49,7 @@ use crate::limiter::Limiter;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
 use crate::origin::{MemoryOrigin, Origin, OriginClient, RedisOrigin};
+use crate::rls::RlsService;
 
 /// How often expired cells leave local memory and the embedded origin.
 const JANITOR_INTERVAL: Duration = Duration::from_secs(10);
@@ -104,12 +109,11 @@ impl Gateway {
             .database_url
             .strip_prefix("sqlite://")
             .and_then(|p| std::path::Path::new(p).parent())
+            && !dir.as_os_str().is_empty()
         {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    StartError::Database(format!("cannot create {}: {e}", dir.display()))
-                })?;
-            }
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StartError::Database(format!("cannot create {}: {e}", dir.display()))
+            })?;
         }
         match store.migrate().await {
             Ok(_) => {}
@@ -163,22 +167,73 @@ pub fn app(gateway: Arc<Gateway>) -> axum::Router {
     api::router(gateway)
 }
 
-/// Serves `gateway` on `listener` until `shutdown` completes, with the replay and janitor
+/// Where a gateway serves: the HTTP API, and Envoy's rate-limit service when it is on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: TcpListener,
+    /// The rate-limit service (gRPC), with `--rls-listen`.
+    pub rls: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds what `settings` ask for; an error names the address that could not be bound.
+    pub async fn bind(settings: &Settings) -> Result<Self, (SocketAddr, std::io::Error)> {
+        let http = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|e| (settings.listen, e))?;
+        let rls = match &settings.rls {
+            Some(r) => Some(
+                TcpListener::bind(r.listen)
+                    .await
+                    .map_err(|e| (r.listen, e))?,
+            ),
+            None => None,
+        };
+        Ok(Self { http, rls })
+    }
+}
+
+/// Serves `gateway` on `listeners` until `shutdown` completes, with the replay and janitor
 /// loops alongside; on shutdown, stops accepting, finishes in-flight requests, drains the
 /// replay buffer to the origin, then flushes to the global table a last time (after the drain,
 /// so what it delivered is published too).
 pub async fn run(
     gateway: Arc<Gateway>,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop, stopped) = watch::channel(false);
+    let (quit, quitting) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = quit.send(true);
+    });
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
     let global = tokio::spawn(global_loops(gateway.clone(), stopped));
-    let served = axum::serve(listener, app(gateway.clone()))
-        .with_graceful_shutdown(shutdown)
+    let rls = match (listeners.rls, &gateway.settings.rls) {
+        (Some(listener), Some(settings)) => {
+            let service = RlsService::server(gateway.clone(), settings.config.clone());
+            let quitting = quitting.clone();
+            Some(tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), changed(quitting)),
+            ))
+        }
+        _ => None,
+    };
+    let served = axum::serve(listeners.http, app(gateway.clone()))
+        .with_graceful_shutdown(changed(quitting))
         .await;
+    if let Some(rls) = rls {
+        match rls.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the rate-limit service failed"),
+            Err(e) => tracing::error!(error = %e, "the rate-limit service ended abnormally"),
+        }
+    }
     let _ = stop.send(true);
     let _ = janitor.await;
     if replay.await.is_err() {
@@ -194,6 +249,11 @@ pub async fn run(
         tracing::warn!(error = %e, "shutdown: last global flush failed");
     }
     served
+}
+
+/// Completes when `flag` turns true (or its sender is gone).
+async fn changed(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|&set| set).await;
 }
 
 async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {

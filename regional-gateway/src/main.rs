@@ -6,7 +6,7 @@ use clap::Parser;
 use strata_gateway::clock::Clock;
 use strata_gateway::config::{Cli, Settings, Task};
 use strata_gateway::global::Store;
-use strata_gateway::{Gateway, run};
+use strata_gateway::{Gateway, Listeners, run};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc, not glibc's malloc: at 10,000 keys glibc took 0.20 to 0.49 us a request from one
@@ -40,10 +40,10 @@ async fn main() -> ExitCode {
         return run_task(task, &settings).await;
     }
     let listen = settings.listen;
-    let listener = match tokio::net::TcpListener::bind(listen).await {
+    let listeners = match Listeners::bind(&settings).await {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("strata-gateway: cannot listen on {listen}: {e}");
+        Err((address, e)) => {
+            eprintln!("strata-gateway: cannot listen on {address}: {e}");
             return ExitCode::from(1);
         }
     };
@@ -55,8 +55,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    tracing::info!(%listen, %region, origin = gateway.limiter.origin.kind(), "strata-gateway listening");
-    match run(gateway, listener, shutdown_signal()).await {
+    let rls = gateway.settings.rls.as_ref().map(|r| r.listen.to_string());
+    tracing::info!(%listen, rls = rls.as_deref().unwrap_or("off"), %region, origin = gateway.limiter.origin.kind(), "strata-gateway listening");
+    match run(gateway, listeners, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata-gateway: server error: {e}");
@@ -72,11 +73,10 @@ async fn run_task(task: Task, settings: &Settings) -> ExitCode {
         .strip_prefix("sqlite://")
         .and_then(|p| std::path::Path::new(p).parent())
         .filter(|d| !d.as_os_str().is_empty())
+        && let Err(e) = std::fs::create_dir_all(dir)
     {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            eprintln!("strata-gateway: cannot create {}: {e}", dir.display());
-            return ExitCode::from(1);
-        }
+        eprintln!("strata-gateway: cannot create {}: {e}", dir.display());
+        return ExitCode::from(1);
     }
     let store = match Store::connect(&settings.database_url, std::time::Duration::from_secs(10)) {
         Ok(s) => s,

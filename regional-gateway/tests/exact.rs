@@ -86,7 +86,7 @@ impl Region {
             }
             self.set_clocks(t);
             for i in 0..self.gateways.len() {
-                if (t + self.offset(i)) % REPLAY_MS == 0 {
+                if (t + self.offset(i)).is_multiple_of(REPLAY_MS) {
                     let delivered = self.gateways[i].gateway.limiter.replay_once().await;
                     assert!(delivered || !self.origin_up, "replay failed with Redis up");
                 }

@@ -49,9 +49,16 @@ async fn serve(replay_interval: Duration) -> Served {
     };
     let gateway = Gateway::new(settings, Clock::system()).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(strata_gateway::run(gateway.clone(), listener, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(strata_gateway::run(
+        gateway.clone(),
+        strata_gateway::Listeners {
+            http: listener,
+            rls: None,
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Served {
         gateway,
         base,

@@ -670,12 +670,7 @@ fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAdd
                 (descriptor_key.as_str(), descriptor_value.as_bytes())
             }
         };
-        if !out.is_empty() {
-            out.push('&');
-        }
-        encode(&mut out, key);
-        out.push('=');
-        encode_bytes(&mut out, value);
+        push_entry(&mut out, key, value);
     }
     // Every entry skipped: nothing to limit by, as in Envoy.
     if out.is_empty() {
@@ -683,6 +678,19 @@ fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAdd
     } else {
         Built::Descriptor(out)
     }
+}
+
+/// Appends one entry to an encoded descriptor: `key=value`, joined to the entries before by
+/// `&`. The gateway's rate-limit service keys Envoy's descriptors with it, so a descriptor
+/// counts under the same identifier whichever of Envoy's paths (the `ratelimit` filter or this
+/// filter's rules) built it.
+pub fn push_entry(out: &mut String, key: &str, value: &[u8]) {
+    if !out.is_empty() {
+        out.push('&');
+    }
+    encode(out, key);
+    out.push('=');
+    encode_bytes(out, value);
 }
 
 /// [`encode`]s a value's UTF-8 runs and spells each other byte `%XX`: as `%` itself is

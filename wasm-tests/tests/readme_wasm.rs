@@ -125,6 +125,9 @@ fn wait_until_free(port: u16) {
 /// Runs a section's examples: each block that starts a server (with the lines before it),
 /// against a fresh gateway on 8080, then the block of requests, whose lines are commands each
 /// followed by the output the README shows.
+/// How the README starts a gateway of this checkout.
+const GATEWAY_RUN: &str = "cargo run --release -p strata-gateway --";
+
 fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], servers: usize) {
     let blocks = indented_blocks(section);
     let server_blocks: Vec<&Vec<String>> = blocks
@@ -153,26 +156,37 @@ fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], 
                 "port {port} is taken: the README's example needs it"
             );
         }
-        // A fresh gateway for each, as the Run section starts it.
+        // A fresh gateway for each, as the Run section starts it, unless the block starts its
+        // own (with flags of its own): then that line runs this build's binary, with a data
+        // directory of the test's.
         let data = std::env::temp_dir().join(format!("strata-readme-wasm-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data);
-        let gateway = background(&format!(
-            "exec {} --listen 127.0.0.1:8080 --data-dir {}",
+        let binary = format!(
+            "{} --data-dir {}",
             common::gateway_binary().display(),
             data.display()
-        ));
-        wait_for_http(8080, "the gateway");
-        let mut server = None;
+        );
+        let own_gateway = block.iter().any(|l| l.starts_with(GATEWAY_RUN));
+        let mut servers = Vec::new();
+        if !own_gateway {
+            servers.push(background(&format!(
+                "exec {binary} --listen 127.0.0.1:8080"
+            )));
+            wait_for_http(8080, "the gateway");
+        }
         for line in block {
-            if is_server(line) {
-                server = Some(background(&format!("exec {line}")));
-                for port in ports {
-                    wait_for_http(*port, line);
-                }
+            if let Some(args) = line.strip_prefix(GATEWAY_RUN) {
+                servers.push(background(&format!("exec {binary}{args}")));
+                wait_for_http(8080, "the gateway");
+            } else if is_server(line) {
+                servers.push(background(&format!("exec {line}")));
             } else {
                 let out = bash(line).output().unwrap();
                 assert!(out.status.success(), "`{line}` failed: {out:?}");
             }
+        }
+        for port in ports {
+            wait_for_http(*port, &format!("{block:?}"));
         }
         for (command, expected) in &steps {
             let out = bash(command).output().unwrap();
@@ -184,8 +198,7 @@ fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], 
                 "`{command}` served by {block:?}"
             );
         }
-        drop(server);
-        drop(gateway);
+        drop(servers);
         for port in ports.iter().copied().chain([8080]) {
             wait_until_free(port);
         }
@@ -204,6 +217,17 @@ fn the_envoy_example_runs_as_written() {
     let is_server = |l: &str| l.contains("envoy -c");
     run_examples(
         &section_of("The Envoy filter"),
+        is_server,
+        &[10000, 9901],
+        1,
+    );
+}
+
+#[test]
+fn the_envoy_without_wasm_example_runs_as_written() {
+    let is_server = |l: &str| l.contains("envoy -c") || l.starts_with(GATEWAY_RUN);
+    run_examples(
+        &section_of("Envoy without Wasm"),
         is_server,
         &[10000, 9901],
         1,

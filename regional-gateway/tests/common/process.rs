@@ -85,10 +85,9 @@ impl GatewayProcess {
     pub async fn ready(&mut self, http: &reqwest::Client) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await {
-                if r.status() == 200 {
-                    return;
-                }
+            let answer = http.get(format!("{}/readyz", self.base)).send().await;
+            if answer.is_ok_and(|r| r.status() == 200) {
+                return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("gateway {} exited before ready: {status}", self.base);

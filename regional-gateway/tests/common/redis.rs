@@ -339,10 +339,9 @@ impl RedisCluster {
             let fields: Vec<&str> = line.split_whitespace().collect();
             for range in fields.iter().skip(8) {
                 let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-                if let (Ok(lo), Ok(hi)) = (lo.parse::<u16>(), hi.parse::<u16>()) {
-                    if (lo..=hi).contains(&slot) {
-                        return fields[0].to_string();
-                    }
+                let bounds = (lo.parse::<u16>(), hi.parse::<u16>());
+                if matches!(bounds, (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot)) {
+                    return fields[0].to_string();
                 }
             }
         }

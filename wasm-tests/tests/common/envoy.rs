@@ -93,6 +93,14 @@ pub enum Filters {
     None,
     /// Envoy's own `local_ratelimit` on the `x-api-key` descriptor: `tokens` a `fill` period.
     LocalRatelimit { tokens: u64, fill_s: u64 },
+    /// Envoy's `ratelimit` filter (no Wasm) calling the gateways' rate-limit services on
+    /// `rls_ports`, round robin, for `domain`; the route sends the descriptors `key` (from
+    /// `x-api-key`) and `plan` (from `x-plan`), each only when its header is there.
+    Ratelimit {
+        domain: String,
+        failure_mode_deny: bool,
+        rls_ports: Vec<u16>,
+    },
 }
 
 impl Filters {
@@ -121,6 +129,24 @@ impl Filters {
                 wasm = wasm.display()
             ),
             Filters::None => String::new(),
+            Filters::Ratelimit {
+                domain,
+                failure_mode_deny,
+                ..
+            } => format!(
+                r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              failure_mode_deny: {failure_mode_deny}
+              timeout: 1s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{ cluster_name: strata_rls }}
+"#
+            ),
             Filters::LocalRatelimit { tokens, fill_s } => format!(
                 r#"          - name: envoy.filters.http.local_ratelimit
             typed_config:
@@ -143,8 +169,37 @@ impl Filters {
             Filters::LocalRatelimit { .. } => {
                 "\n                  rate_limits: [{ actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }] }]"
             }
+            Filters::Ratelimit { .. } => {
+                "\n                  rate_limits:\n                  - actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }]\n                  - actions: [{ request_headers: { header_name: x-plan, descriptor_key: plan } }]"
+            }
             _ => "",
         }
+    }
+
+    /// Clusters the filter calls besides the upstream and the Strata gateway.
+    fn clusters(&self) -> String {
+        let Filters::Ratelimit { rls_ports, .. } = self else {
+            return String::new();
+        };
+        let endpoints: String = rls_ports
+            .iter()
+            .map(|p| format!("        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}\n"))
+            .collect();
+        format!(
+            r#"  - name: strata_rls
+    type: STATIC
+    connect_timeout: 0.25s
+    lb_policy: ROUND_ROBIN
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: strata_rls
+      endpoints:
+      - lb_endpoints:
+{endpoints}"#
+        )
     }
 }
 
@@ -189,7 +244,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-{upstream}{gateway}"#,
+{upstream}{gateway}{more}"#,
         filters = filters.yaml(&options.wasm),
         request_timeout = Seconds(options.request_timeout_ms),
         hcm = options
@@ -200,6 +255,7 @@ static_resources:
         route_extra = filters.route_extra(),
         upstream = cluster("upstream", Some(upstream_port)),
         gateway = cluster("strata_gateway", gateway_port),
+        more = filters.clusters(),
     )
 }
 
@@ -297,16 +353,17 @@ impl Envoy {
         }
     }
 
+    /// The text of admin's `path` (`/clusters`).
+    pub async fn admin_text(&self, http: &reqwest::Client, path: &str) -> String {
+        let r = http.get(format!("{}{path}", self.admin)).send().await;
+        r.unwrap().text().await.unwrap()
+    }
+
     /// Envoy's own stats whose name contains `filter`, as `name: value` pairs.
     pub async fn stats(&self, http: &reqwest::Client, filter: &str) -> Vec<(String, u64)> {
-        let text = http
-            .get(format!("{}/stats?filter={filter}", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self
+            .admin_text(http, &format!("/stats?filter={filter}"))
+            .await;
         text.lines()
             .filter_map(|l| {
                 let (name, value) = l.split_once(": ")?;

@@ -1,0 +1,456 @@
+//! Envoy's rate-limit service on the gateway, called over gRPC on a real socket as Envoy's
+//! `ratelimit` filter calls it: limits, all-or-nothing descriptors, shadow and unlimited
+//! descriptors, tokens in metadata, and bad input answered with a status that says what is
+//! wrong and counts nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::json;
+use strata_gateway::config::{RlsSettings, Settings};
+use strata_gateway::rls::RlsConfig;
+use strata_gateway::{Gateway, Listeners};
+use tonic::transport::Channel;
+
+const CONFIG: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: path
+    value: "/health*"
+    rate_limit: {unlimited: true}
+  - key: plan
+    value: trial
+    shadow_mode: true
+    rate_limit: {name: trial, unit: hour, requests_per_unit: 2}
+---
+domain: other
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+
+struct Served {
+    gateway: Arc<Gateway>,
+    client: RateLimitServiceClient<Channel>,
+    common: common::TestGateway,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn serve(tokens: &[(&str, &str)]) -> Served {
+    let mut config = RlsConfig::default();
+    config.add_yaml(Path::new("rls.yaml"), CONFIG).unwrap();
+    let (http, rls) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let address = rls.local_addr().unwrap();
+    let settings = Settings {
+        tokens: tokens
+            .iter()
+            .map(|(t, w)| (t.to_string(), w.to_string()))
+            .collect::<HashMap<_, _>>(),
+        rls: Some(RlsSettings {
+            listen: address,
+            config: Arc::new(config),
+        }),
+        ..Settings::default()
+    };
+    let common = common::with_settings(settings).await;
+    let gateway = common.gateway.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(strata_gateway::run(
+        gateway.clone(),
+        Listeners {
+            http,
+            rls: Some(rls),
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let client = RateLimitServiceClient::connect(format!("http://{address}"))
+        .await
+        .unwrap();
+    Served {
+        gateway,
+        client,
+        common,
+        _stop: stop,
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn call(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+impl Served {
+    async fn ask(&mut self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .should_rate_limit(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn ok(&mut self, request: RateLimitRequest) -> RateLimitResponse {
+        self.ask(request).await.unwrap()
+    }
+}
+
+fn code(status: &DescriptorStatus) -> Code {
+    Code::try_from(status.code).unwrap()
+}
+
+fn overall(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).unwrap()
+}
+
+#[tokio::test]
+async fn a_descriptor_is_limited_exactly_with_its_limit_remaining_and_reset() {
+    let mut s = serve(&[]).await;
+    let ip = [("remote_address", "10.0.0.1")];
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = s.ok(call("edge", vec![descriptor(&ip)])).await;
+        let status = &r.statuses[0];
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (3, 2), "3 a minute");
+        let reset = status.duration_until_reset.unwrap().seconds;
+        assert!((1..=60).contains(&reset), "{reset}");
+        seen.push((overall(&r), code(status), status.limit_remaining));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Code::Ok, Code::Ok, 2),
+            (Code::Ok, Code::Ok, 1),
+            (Code::Ok, Code::Ok, 0),
+            (Code::OverLimit, Code::OverLimit, 0),
+        ]
+    );
+    // Another address has a limit of its own; another domain keys the same entries apart.
+    let r = s
+        .ok(call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.2")])],
+        ))
+        .await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
+    let r = s.ok(call("other", vec![descriptor(&ip)])).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    // The window slides: a minute on, the old counts weigh nothing.
+    s.common.clock.advance(120_000);
+    let r = s.ok(call("edge", vec![descriptor(&ip)])).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 2));
+}
+
+#[tokio::test]
+async fn descriptors_are_decided_all_or_nothing() {
+    let mut s = serve(&[]).await;
+    let ip = descriptor(&[("remote_address", "10.1.0.1")]);
+    let tenant = descriptor(&[("tenant", "acme")]);
+    for _ in 0..3 {
+        let r = s.ok(call("edge", vec![ip.clone()])).await;
+        assert_eq!(overall(&r), Code::Ok);
+    }
+    // The address is at its limit: the request is over, and the tenant is not charged.
+    let r = s.ok(call("edge", vec![tenant.clone(), ip.clone()])).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        (code(&r.statuses[0]), code(&r.statuses[1])),
+        (Code::Ok, Code::OverLimit)
+    );
+    let r = s.ok(call("edge", vec![tenant])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 999, "only this call counted");
+}
+
+#[tokio::test]
+async fn shadow_unlimited_and_unconfigured_descriptors_never_deny() {
+    let mut s = serve(&[]).await;
+    let trial = descriptor(&[("plan", "trial")]);
+    for i in 0..5 {
+        let r = s.ok(call("edge", vec![trial.clone()])).await;
+        assert_eq!(overall(&r), Code::Ok, "call {i}");
+        assert_eq!(code(&r.statuses[0]), Code::Ok);
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "trial");
+    }
+    // Counted while the request passes: two of the hour's two were used.
+    let shadow = strata_core::WindowKeyRef::new(
+        "default",
+        "edge",
+        "plan=trial",
+        strata_core::WindowDuration::from_ms(3_600_000).unwrap(),
+    )
+    .unwrap();
+    let d = s
+        .gateway
+        .limiter
+        .decide(strata_core::LimitRequest {
+            key: shadow,
+            limit: 2,
+            cost: 0,
+        })
+        .await;
+    assert_eq!(d.remaining, 0, "the shadow limit counted its passes: {d:?}");
+    let r = s
+        .ok(call(
+            "edge",
+            vec![
+                descriptor(&[("path", "/healthz")]),
+                descriptor(&[("path", "/other")]),
+                descriptor(&[("unknown", "x")]),
+            ],
+        ))
+        .await;
+    assert_eq!(overall(&r), Code::Ok);
+    let unlimited = &r.statuses[0];
+    assert_eq!(
+        (
+            code(unlimited),
+            unlimited.limit_remaining,
+            unlimited.current_limit.is_none()
+        ),
+        (Code::Ok, u32::MAX, true)
+    );
+    for free in &r.statuses[1..] {
+        assert_eq!(
+            (
+                code(free),
+                free.limit_remaining,
+                free.current_limit.is_none()
+            ),
+            (Code::Ok, 0, true)
+        );
+    }
+}
+
+#[tokio::test]
+async fn hits_addend_costs_per_call_and_per_descriptor() {
+    let mut s = serve(&[]).await;
+    let mut r = call("edge", vec![descriptor(&[("tenant", "hits")])]);
+    r.hits_addend = 10;
+    assert_eq!(s.ok(r).await.statuses[0].limit_remaining, 990);
+    // The descriptor's own addend wins; 0 only checks.
+    let mut d = descriptor(&[("tenant", "hits")]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    assert_eq!(
+        s.ok(call("edge", vec![d])).await.statuses[0].limit_remaining,
+        990
+    );
+    let mut d = descriptor(&[("tenant", "hits")]);
+    d.hits_addend = Some(UInt64Value { value: 991 });
+    let r = s.ok(call("edge", vec![d])).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn a_limit_carried_by_the_request_applies_to_its_entries() {
+    let mut s = serve(&[]).await;
+    let mut d = descriptor(&[("anything", "x")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 1, // SECOND
+    });
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(overall(&s.ok(call("edge", vec![d.clone()])).await));
+    }
+    assert_eq!(seen, [Code::Ok, Code::OverLimit]);
+}
+
+#[tokio::test]
+async fn bad_calls_get_a_status_that_says_why_and_count_nothing() {
+    let mut s = serve(&[]).await;
+    let ip = [("remote_address", "10.9.9.9")];
+    let huge = {
+        let mut d = descriptor(&ip);
+        d.hits_addend = Some(UInt64Value { value: u64::MAX });
+        d
+    };
+    let negative = {
+        let mut d = descriptor(&ip);
+        d.is_negative_hits = true;
+        d
+    };
+    let year = {
+        let mut d = descriptor(&ip);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 6, // YEAR
+        });
+        d
+    };
+    let thousands: Vec<_> = (0..5_000).map(|_| descriptor(&ip)).collect();
+    let cases: Vec<(RateLimitRequest, tonic::Code, &str)> = vec![
+        (
+            call("", vec![descriptor(&ip)]),
+            tonic::Code::InvalidArgument,
+            "domain must not be empty",
+        ),
+        (
+            call("nope", vec![descriptor(&ip)]),
+            tonic::Code::NotFound,
+            "`nope` is not in the rate-limit configuration",
+        ),
+        (
+            call("edge", vec![]),
+            tonic::Code::InvalidArgument,
+            "descriptors must not be empty",
+        ),
+        (
+            call("edge", thousands),
+            tonic::Code::InvalidArgument,
+            "at most 32 descriptors",
+        ),
+        (
+            call("edge", vec![descriptor(&ip), huge]),
+            tonic::Code::InvalidArgument,
+            "descriptors[1].hits_addend: must be at most",
+        ),
+        (
+            call("edge", vec![negative]),
+            tonic::Code::InvalidArgument,
+            "is_negative_hits",
+        ),
+        (
+            call("edge", vec![year]),
+            tonic::Code::InvalidArgument,
+            "descriptors[0].limit.unit",
+        ),
+    ];
+    for (request, want, message) in cases {
+        let e = s.ask(request).await.unwrap_err();
+        assert_eq!(e.code(), want, "{e:?}");
+        assert!(e.message().contains(message), "{e:?}");
+    }
+    // A message over the API's 1 MiB bound is refused before it is decoded.
+    let big = descriptor(&[("remote_address", &"x".repeat(1 << 20))]);
+    let e = s.ask(call("edge", vec![big])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    // Nothing was counted: the address still has its whole minute.
+    let r = s.ok(call("edge", vec![descriptor(&ip)])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+}
+
+#[tokio::test]
+async fn tokens_come_as_metadata_and_keep_workspaces_apart() {
+    let mut s = serve(&[("token-aaaaaaaa", "acme"), ("token-bbbbbbbb", "globex")]).await;
+    let ask = |token: Option<&str>| {
+        let mut r = tonic::Request::new(call(
+            "edge",
+            vec![descriptor(&[("remote_address", "1.1.1.1")])],
+        ));
+        if let Some(t) = token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        r
+    };
+    for token in [None, Some("wrong-token")] {
+        let e = s.client.should_rate_limit(ask(token)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    }
+    for _ in 0..3 {
+        s.client
+            .should_rate_limit(ask(Some("token-aaaaaaaa")))
+            .await
+            .unwrap();
+    }
+    let acme = s
+        .client
+        .should_rate_limit(ask(Some("token-aaaaaaaa")))
+        .await
+        .unwrap()
+        .into_inner();
+    let globex = s
+        .client
+        .should_rate_limit(ask(Some("token-bbbbbbbb")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (overall(&acme), overall(&globex)),
+        (Code::OverLimit, Code::Ok)
+    );
+}
+
+/// The service keys a descriptor as the Wasm filter's rules do (namespace: the domain): the
+/// HTTP API sees the same count under `remote_address=<address>`.
+#[tokio::test]
+async fn a_descriptor_counts_under_the_identifier_the_wasm_rules_give_it() {
+    let mut s = serve(&[]).await;
+    s.ok(call(
+        "edge",
+        vec![descriptor(&[("remote_address", "10.7.0.1")])],
+    ))
+    .await;
+    let reply = s
+        .common
+        .post(
+            "/v1/ratelimit",
+            None,
+            json!({"namespace": "edge", "identifier": "remote_address=10.7.0.1",
+                   "limit": 3, "duration": 60_000}),
+        )
+        .await;
+    assert_eq!(reply.body["remaining"], 1, "{}", reply.text);
+}
+
+/// A configuration written for envoyproxy/ratelimit with a field Strata does not implement
+/// stops the gateway process at start, naming the field.
+#[test]
+fn an_unsupported_field_stops_the_gateway_at_start_naming_it() {
+    let path = std::env::temp_dir().join(format!("strata-rls-bad-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces: [{name: other}]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(common::gateway_binary())
+        .args(["--listen", "127.0.0.1:0", "--rls-listen", "127.0.0.1:0"])
+        .arg("--rls-config")
+        .arg(&path)
+        .env_remove("STRATA_RLS_CONFIG")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--rls-config") && stderr.contains("descriptors[0].rate_limit.replaces"),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,6 @@
 -- wrk: each request's x-api-key drawn from KEYS keys (default 10,000) with Zipf s = ZIPF_S
 -- (default 1.1, the key-popularity shape of the issue's goal; 0: every key alike). Used by
--- scripts/bench-envoy.sh.
+-- scripts/bench-envoy.sh and scripts/bench-rls.sh.
 local n = tonumber(os.getenv("KEYS") or "10000")
 local s = tonumber(os.getenv("ZIPF_S") or "1.1")
 local cdf, total = {}, 0

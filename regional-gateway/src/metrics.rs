@@ -43,6 +43,7 @@ const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 const REASONS: [&str; 4] = ["cold", "stale", "strict", "lease"];
+const RLS_RESULTS: [&str; 3] = ["ok", "over_limit", "refused"];
 /// Upper bounds of the lease size histogram, in cost units.
 const LEASE_BUCKETS: [f64; 10] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1_000.0, 10_000.0,
@@ -63,6 +64,11 @@ struct CallLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
     op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,6 +130,19 @@ pub struct Metrics {
     local_evictions: Counter,
     breaker_open: Gauge,
     origin_up: Gauge,
+    rls_family: Family<ResultLabels, Counter>,
+    rls_calls: [Counter; RLS_RESULTS.len()],
+}
+
+/// How the rate-limit service answered a `ShouldRateLimit` call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RlsResult {
+    /// `OK`.
+    Ok,
+    /// `OVER_LIMIT`.
+    OverLimit,
+    /// An error status: the call was refused, nothing counted.
+    Refused,
 }
 
 impl Default for Metrics {
@@ -151,6 +170,11 @@ impl Default for Metrics {
             latency_histogram,
         );
         let origin_latency = series(&latency_family, OPS.map(|op| OpLabels { op }));
+        let rls_family = Family::default();
+        let rls_calls = series(
+            &rls_family,
+            RLS_RESULTS.map(|result| ResultLabels { result }),
+        );
         Self {
             decision_family,
             decisions,
@@ -171,6 +195,8 @@ impl Default for Metrics {
             local_evictions: Counter::default(),
             breaker_open: Gauge::default(),
             origin_up: Gauge::default(),
+            rls_family,
+            rls_calls,
         }
     }
 }
@@ -188,6 +214,11 @@ impl Metrics {
             "strata_decisions",
             "Rate-limit decisions by outcome and where they were made",
             self.decision_family.clone(),
+        );
+        r.register(
+            "strata_rls_calls",
+            "Calls to Envoy's rate-limit service (--rls-listen), by answer: ok, over_limit, or refused (an error status; nothing counted)",
+            self.rls_family.clone(),
         );
         r.register(
             "strata_origin_reasons",
@@ -342,6 +373,18 @@ impl Metrics {
     /// A replay batch that failed (its counts go out with the next).
     pub fn replay_failed(&self) {
         self.replay_failed_batches.inc();
+    }
+
+    /// A `ShouldRateLimit` call answered.
+    pub fn rls_call(&self, result: RlsResult) {
+        let i = match result {
+            RlsResult::Ok => 0,
+            RlsResult::OverLimit => 1,
+            RlsResult::Refused => 2,
+        };
+        if let Some(c) = self.rls_calls.get(i) {
+            c.inc();
+        }
     }
 }
 

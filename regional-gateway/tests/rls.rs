@@ -363,6 +363,16 @@ async fn bad_calls_get_a_status_that_says_why_and_count_nothing() {
     // Nothing was counted: the address still has its whole minute.
     let r = s.ok(call("edge", vec![descriptor(&ip)])).await;
     assert_eq!(r.statuses[0].limit_remaining, 2);
+    // The refusals the service made (tonic refused the oversized message before it).
+    let metrics = s.common.get("/metrics").await.text;
+    let calls = |result: &str| {
+        let series = format!("strata_rls_calls_total{{result=\"{result}\"}}");
+        common::metric_sum(&metrics, |l| l.starts_with(&series))
+    };
+    assert_eq!(
+        (calls("refused"), calls("ok"), calls("over_limit")),
+        (7.0, 1.0, 0.0)
+    );
 }
 
 #[tokio::test]

@@ -30,6 +30,7 @@ use strata_core::{Decision, LimitRequest, WindowKeyRef};
 use tonic::{Request, Response, Status};
 
 use crate::Gateway;
+use crate::metrics::RlsResult;
 pub use config::{Limit, Rate, RlsConfig, RlsConfigError, Unit};
 
 /// Most descriptors in one call: as many as limits in one decision of the HTTP API.
@@ -75,12 +76,13 @@ impl RateLimitService for RlsService {
             .metadata()
             .get("authorization")
             .map(|v| v.as_bytes());
-        let workspace = gw
-            .auth
-            .workspace_of(authorization)
-            .map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let workspace = gw.auth.workspace_of(authorization).map_err(|e| {
+            gw.limiter.metrics.rls_call(RlsResult::Refused);
+            Status::unauthenticated(e.to_string())
+        })?;
         let call = request.get_ref();
         let resolved = self.resolve(call).inspect_err(|s| {
+            gw.limiter.metrics.rls_call(RlsResult::Refused);
             tracing::debug!(domain = %call.domain, message = s.message(), "rate-limit call refused");
         })?;
         let domain = call.domain.as_str();
@@ -103,7 +105,8 @@ impl RateLimitService for RlsService {
                     })
                     .map_err(|e| Status::invalid_argument(format!("descriptors[{i}]: {e}")))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .inspect_err(|_| gw.limiter.metrics.rls_call(RlsResult::Refused))?;
         let mut decisions: Vec<Option<Decision>> = vec![None; resolved.len()];
         let enforced: Vec<LimitRequest<'_>> = keyed
             .iter()
@@ -133,6 +136,11 @@ impl RateLimitService for RlsService {
                 *slot = Some(d);
             }
         }
+        gw.limiter.metrics.rls_call(if success {
+            RlsResult::Ok
+        } else {
+            RlsResult::OverLimit
+        });
         let now = gw.limiter.clock.now_ms();
         let statuses = resolved
             .iter()

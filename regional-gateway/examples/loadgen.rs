@@ -1,5 +1,5 @@
 //! Load harness for `/v1/ratelimit`: C concurrent keep-alive connections for S seconds over K
-//! keys; prints requests/s, latency percentiles and the origin round trips per 1,000 decisions
+//! keys, as fast as they go or at `--rate` requests/s in all; prints requests/s, latency percentiles and the origin round trips per 1,000 decisions
 //! (from the gateway's `/metrics` before and after).
 //!
 //! ```text
@@ -24,6 +24,8 @@ struct Args {
     concurrency: usize,
     seconds: u64,
     limit: u64,
+    /// Requests/s over all connections; 0: as fast as they go.
+    rate: u64,
 }
 
 fn args() -> Args {
@@ -33,6 +35,7 @@ fn args() -> Args {
         concurrency: 32,
         seconds: 10,
         limit: 1_000_000_000,
+        rate: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -43,9 +46,10 @@ fn args() -> Args {
             "--concurrency" => a.concurrency = value.parse().expect("--concurrency N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds N"),
             "--limit" => a.limit = value.parse().expect("--limit N"),
-            other => {
-                panic!("unknown flag {other}; flags: --url --keys --concurrency --seconds --limit")
-            }
+            "--rate" => a.rate = value.parse().expect("--rate N"),
+            other => panic!(
+                "unknown flag {other}; flags: --url --keys --concurrency --seconds --limit --rate"
+            ),
         }
     }
     a
@@ -93,10 +97,21 @@ async fn main() {
             a.keys,
             a.limit,
         );
+        // Each connection's share of the rate, as one request per tick.
+        let mut pace = (a.rate > 0).then(|| {
+            let mut i = tokio::time::interval(Duration::from_secs_f64(
+                a.concurrency as f64 / a.rate as f64,
+            ));
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut n = t;
             while Instant::now() < end {
+                if let Some(p) = pace.as_mut() {
+                    p.tick().await;
+                }
                 let body = json!({"namespace":"load","identifier":format!("key-{}", n % keys),"limit":limit,"duration":60_000});
                 let sent = Instant::now();
                 let r = http.post(&url).json(&body).send().await.unwrap();

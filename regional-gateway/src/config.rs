@@ -47,6 +47,9 @@ pub const DEFAULT_DATABASE_FILE: &str = "global.db";
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// Default pause between syncs of the other regions' counts.
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Default pause between syncs that read every live row (the others read what changed): the
+/// backstop for a change a sync of changes missed, a minute at most.
+pub const DEFAULT_SYNC_FULL_INTERVAL: Duration = Duration::from_secs(60);
 /// Default random share of an interval added to each flush and sync.
 pub const DEFAULT_SYNC_JITTER: f64 = 0.2;
 /// Default publish floor as a fraction of the limit: the core's
@@ -209,6 +212,10 @@ layer! {
         #[arg(long, env = "STRATA_SYNC_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_SYNC_INTERVAL]
         pub sync_interval: Option<String>,
+        /// Pause between syncs that read every live row of the global table; the syncs between them read only the cells written since the last.
+        #[arg(long, env = "STRATA_SYNC_FULL_INTERVAL", value_name = "DURATION")]
+        #[default = DEFAULT_SYNC_FULL_INTERVAL]
+        pub sync_full_interval: Option<String>,
         /// Random share of an interval added to each flush and sync, 0 to 1. Region-wide.
         #[arg(long, env = "STRATA_SYNC_JITTER", value_name = "FRACTION")]
         #[default = DEFAULT_SYNC_JITTER]
@@ -319,6 +326,8 @@ pub struct Settings {
     pub flush_interval: Duration,
     /// Pause between syncs.
     pub sync_interval: Duration,
+    /// Pause between syncs that read every live row.
+    pub sync_full_interval: Duration,
     /// Random share of an interval added to each flush and sync.
     pub sync_jitter: f64,
     /// Which cells are published.
@@ -361,6 +370,7 @@ impl Default for Settings {
             database_url: default_database_url(Path::new(DEFAULT_DATA_DIR)),
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             sync_interval: DEFAULT_SYNC_INTERVAL,
+            sync_full_interval: DEFAULT_SYNC_FULL_INTERVAL,
             sync_jitter: DEFAULT_SYNC_JITTER,
             // DEFAULT_PUBLISH_FLOOR as a policy (a unit test holds them equal).
             publish: strata_core::PublishPolicy::default(),
@@ -549,6 +559,11 @@ impl Settings {
         Ok(Settings {
             flush_interval: duration("--flush-interval", layer.flush_interval, d.flush_interval)?,
             sync_interval: duration("--sync-interval", layer.sync_interval, d.sync_interval)?,
+            sync_full_interval: duration(
+                "--sync-full-interval",
+                layer.sync_full_interval,
+                d.sync_full_interval,
+            )?,
             sync_jitter: fraction("--sync-jitter", layer.sync_jitter, d.sync_jitter)?,
             publish,
             cleanup_interval: duration(

@@ -128,6 +128,7 @@ impl Gateway {
             settings.region.clone(),
             settings.publish,
             settings.table_capacity,
+            settings.sync_full_interval,
         );
         let limiter = Limiter::new(
             LocalTables::new(settings.table_capacity, threads * 8, policy),

@@ -110,6 +110,7 @@ on_both_dialects!(
     keys_are_compared_byte_for_byte,
     large_flushes_go_in_chunks,
     regions_announce_themselves_and_go_stale,
+    a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_other,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_refuses(store: &Store) {
@@ -145,10 +146,10 @@ async fn regions_see_each_others_components_as_foreign_sums(store: &Store) {
         Region::new("ap").unwrap(),
     );
     store
-        .flush(&eu, &[row("a", 30), row("b", 5)], NOW)
+        .flush(&eu, &[row("a", 30), row("b", 5)])
         .await
         .unwrap();
-    store.flush(&us, &[row("a", 12)], NOW).await.unwrap();
+    store.flush(&us, &[row("a", 12)]).await.unwrap();
     let mut seen_by_ap = store.sync(&ap, NOW).await.unwrap();
     seen_by_ap.sort_by(|x, y| x.key.cmp(&y.key));
     assert_eq!(seen_by_ap.len(), 2);
@@ -171,7 +172,7 @@ async fn greatest_keeps_the_larger_count(store: &Store) {
     let eu = Region::new("eu").unwrap();
     let other = Region::new("other").unwrap();
     for count in [10, 5, 12, 11] {
-        store.flush(&eu, &[row("g", count)], NOW).await.unwrap();
+        store.flush(&eu, &[row("g", count)]).await.unwrap();
     }
     assert_eq!(store.sync(&other, NOW).await.unwrap()[0].foreign, 12);
 }
@@ -183,7 +184,7 @@ async fn concurrent_flushers_of_one_region_converge_without_deadlock(store: &Sto
     let mut b: Vec<FlushRow> = (0..300).map(|i| row(&format!("k{i}"), 300 - i)).collect();
     sort_flush_rows(&mut a);
     sort_flush_rows(&mut b);
-    let (ra, rb) = tokio::join!(store.flush(&eu, &a, NOW), store.flush(&eu, &b, NOW));
+    let (ra, rb) = tokio::join!(store.flush(&eu, &a), store.flush(&eu, &b));
     assert_eq!((ra.unwrap(), rb.unwrap()), (300, 300));
     let rows = store.sync(&eu, NOW).await.unwrap();
     assert_eq!(rows.len(), 300);
@@ -210,11 +211,8 @@ async fn cleanup_removes_only_expired_rows(store: &Store) {
             ..old.clone()
         })
         .collect();
-    store.flush(&eu, &old_rows, NOW).await.unwrap();
-    store
-        .flush(&eu, std::slice::from_ref(&live), NOW)
-        .await
-        .unwrap();
+    store.flush(&eu, &old_rows).await.unwrap();
+    store.flush(&eu, std::slice::from_ref(&live)).await.unwrap();
     // Batches of 10, at most 2: 20 deleted now, the other 5 on the next run.
     assert_eq!(store.cleanup(NOW, 10, 2).await.unwrap(), 20);
     assert_eq!(store.cleanup(NOW, 10, 2).await.unwrap(), 5);
@@ -228,7 +226,7 @@ async fn keys_differing_in_case_are_distinct_rows(store: &Store) {
     store.migrate().await.unwrap();
     let eu = Region::new("eu").unwrap();
     store
-        .flush(&eu, &[row("Key", 7), row("key", 3), row("kéy", 1)], NOW)
+        .flush(&eu, &[row("Key", 7), row("key", 3), row("kéy", 1)])
         .await
         .unwrap();
     assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 3);
@@ -250,7 +248,7 @@ async fn keys_are_compared_byte_for_byte(store: &Store) {
     ];
     let mut rows: Vec<FlushRow> = ids.iter().map(|(id, n)| row(id, *n)).collect();
     rows.sort();
-    store.flush(&eu, &rows, NOW).await.unwrap();
+    store.flush(&eu, &rows).await.unwrap();
     let synced = store.sync(&eu, NOW).await.unwrap();
     assert_eq!(synced.len(), ids.len(), "{synced:?}");
     for (id, n) in ids {
@@ -269,7 +267,7 @@ async fn large_flushes_go_in_chunks(store: &Store) {
         .map(|i| row(&format!("c{i:05}"), 1 + i % 7))
         .collect();
     sort_flush_rows(&mut rows);
-    assert_eq!(store.flush(&eu, &rows, NOW).await.unwrap(), 2_500);
+    assert_eq!(store.flush(&eu, &rows).await.unwrap(), 2_500);
     assert_eq!(store.sync(&eu, NOW).await.unwrap().len(), 2_500);
 }
 
@@ -300,4 +298,79 @@ async fn regions_announce_themselves_and_go_stale(store: &Store) {
             .unwrap(),
         1
     );
+}
+
+/// Waits until the database's clock has moved past `t` (a flush stamped after a read began must
+/// not share its millisecond): polled, with a deadline.
+async fn clock_past(store: &Store, t: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let now = store.clock_ms().await.unwrap();
+        if now > t {
+            return now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database clock stands still"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_other(store: &Store) {
+    store.migrate().await.unwrap();
+    let (eu, us, ap) = (
+        Region::new("eu").unwrap(),
+        Region::new("us").unwrap(),
+        Region::new("ap").unwrap(),
+    );
+    let wall = stack_now();
+    let quiet: Vec<_> = (0..200).map(|i| row(&format!("quiet-{i}"), 3)).collect();
+    store.flush(&eu, &quiet).await.unwrap();
+    store.flush(&us, &[row("busy", 30)]).await.unwrap();
+    let t0 = store.clock_ms().await.unwrap();
+    assert!(
+        t0.abs_diff(wall) < 60_000,
+        "the database clock is Unix ms: {t0} vs {wall}"
+    );
+    clock_past(store, t0).await;
+    assert_eq!(
+        store.sync(&ap, NOW).await.unwrap().len(),
+        201,
+        "a full sync reads every cell"
+    );
+    assert!(
+        store.sync_changed(&ap, NOW, t0).await.unwrap().is_empty(),
+        "nothing written since"
+    );
+    // One region writes one cell: the sync reads that cell, with every region's component.
+    store.flush(&eu, &[row("busy", 5)]).await.unwrap();
+    let changed = store.sync_changed(&ap, NOW, t0).await.unwrap();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0].key.as_ref().identifier(), "busy");
+    assert_eq!((changed[0].own, changed[0].foreign), (0, 35));
+    let by_us = store.sync_changed(&us, NOW, t0).await.unwrap();
+    assert_eq!((by_us[0].own, by_us[0].foreign), (30, 5));
+    // A write that changes no count still stamps the row: it is read again (harmless: sums
+    // merge by maximum).
+    let t1 = clock_past(store, store.clock_ms().await.unwrap()).await;
+    store.flush(&eu, &[row("quiet-7", 3)]).await.unwrap();
+    let changed = store.sync_changed(&ap, NOW, t1 - 1).await.unwrap();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0].key.as_ref().identifier(), "quiet-7");
+    // Expired cells are not read, changed or not.
+    let later = WindowDuration::from_ms(60_000)
+        .unwrap()
+        .expires_at(row("busy", 0).sequence);
+    assert!(store.sync_changed(&ap, later, t0).await.unwrap().is_empty());
+}
+
+fn stack_now() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
 }

@@ -67,7 +67,7 @@ async fn operator_tasks(url: &str, dialect: &str) {
     let eu = Region::new("eu").unwrap();
     let mut rows = vec![row("expired", current - 10), row("live", current)];
     rows.sort();
-    store.flush(&eu, &rows, now).await.unwrap();
+    store.flush(&eu, &rows).await.unwrap();
     let (ok, out, err) = gateway(&["--database-url", url, "cleanup"]);
     assert!(ok, "{err}");
     assert!(out.contains("deleted 1 expired row(s)"), "{out}");

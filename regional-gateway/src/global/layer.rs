@@ -19,6 +19,62 @@ use crate::steps::in_steps;
 /// Slots of the region view one flush step looks through (a few hundred microseconds).
 pub const FLUSH_SCAN_STEP: usize = 16_384;
 
+/// How far before the last read's start a sync of changes looks again (database clock): a
+/// flush stamps its rows when its statement starts and they show when it commits, so a flush
+/// still waiting on a lock when the last read began is read by the next. Re-reading a row is
+/// harmless (components merge by maximum); a flush held longer is read by the next full sync.
+pub const SYNC_OVERLAP_MS: u64 = 2_000;
+
+/// Which rows a sync reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncRead {
+    /// Every live row.
+    Full,
+    /// The rows of the cells written after this time (database clock, Unix ms).
+    Since(u64),
+}
+
+/// When a sync reads every row and when only what changed: every row on the first sync and
+/// then every `full_every_ms`, a backstop for what a sync of changes cannot see (a flush
+/// delayed past [`SYNC_OVERLAP_MS`], a key the view evicted while no region wrote it);
+/// otherwise the cells changed since the last read began, less the overlap. Times are the
+/// database's clock.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncPlan {
+    full_every_ms: u64,
+    last_read: Option<u64>,
+    last_full: Option<u64>,
+}
+
+impl SyncPlan {
+    /// A plan whose first read is full.
+    pub const fn new(full_every_ms: u64) -> Self {
+        Self {
+            full_every_ms,
+            last_read: None,
+            last_full: None,
+        }
+    }
+
+    /// What a sync beginning at `now_ms` reads.
+    pub fn next(&self, now_ms: u64) -> SyncRead {
+        match (self.last_read, self.last_full) {
+            (Some(read), Some(full)) if now_ms.saturating_sub(full) < self.full_every_ms => {
+                SyncRead::Since(read.saturating_sub(SYNC_OVERLAP_MS))
+            }
+            _ => SyncRead::Full,
+        }
+    }
+
+    /// Records a read that began at `began_ms` and succeeded.
+    pub fn done(&mut self, read: SyncRead, began_ms: u64) {
+        self.last_read = Some(began_ms);
+        if read == SyncRead::Full {
+            self.last_full = Some(began_ms);
+        }
+    }
+}
+
 /// Counters of the global layer, exported as `strata_global_*`.
 #[derive(Debug, Default)]
 pub struct GlobalMetrics {
@@ -34,6 +90,10 @@ pub struct GlobalMetrics {
     pub syncs: Counter,
     /// Syncs that failed.
     pub sync_errors: Counter,
+    /// Syncs that read every live row (the others read what changed).
+    pub full_syncs: Counter,
+    /// Seconds spent in syncs that succeeded (with `syncs`, their mean).
+    pub sync_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// Local entries created by a sync (keys this gateway had not seen).
     pub entries_created: Counter,
     /// Rows returned by the last sync.
@@ -60,6 +120,8 @@ pub struct Global {
     pub publish_soon: tokio::sync::Notify,
     /// Regions seen publishing lately (at least this one): the floor is divided among them.
     regions: std::sync::atomic::AtomicU64,
+    /// What the next sync reads.
+    plan: Mutex<SyncPlan>,
 }
 
 /// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
@@ -87,8 +149,15 @@ fn answered(state: &mut strata_core::WindowState, sequence: u64, regional: u64) 
 }
 
 impl Global {
-    /// A layer over `store` for `region`, holding at most `capacity` window keys in its view.
-    pub fn new(store: Store, region: Region, policy: PublishPolicy, capacity: usize) -> Self {
+    /// A layer over `store` for `region`, holding at most `capacity` window keys in its view,
+    /// whose syncs read every row every `full_sync_every` and only what changed in between.
+    pub fn new(
+        store: Store,
+        region: Region,
+        policy: PublishPolicy,
+        capacity: usize,
+        full_sync_every: std::time::Duration,
+    ) -> Self {
         Self {
             store,
             region,
@@ -109,6 +178,9 @@ impl Global {
             breaker: crate::breaker::Breaker::default(),
             publish_soon: tokio::sync::Notify::new(),
             regions: std::sync::atomic::AtomicU64::new(1),
+            plan: Mutex::new(SyncPlan::new(
+                u64::try_from(full_sync_every.as_millis()).unwrap_or(u64::MAX),
+            )),
         }
     }
 
@@ -152,6 +224,10 @@ impl Global {
 
     fn view(&self) -> std::sync::MutexGuard<'_, CounterTable> {
         self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sync_plan(&self) -> std::sync::MutexGuard<'_, SyncPlan> {
+        self.plan.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records what the regional origin answered for cells (and the limit, if the answer
@@ -253,10 +329,7 @@ impl Global {
         if rows.is_empty() {
             return Ok(0);
         }
-        match self
-            .guarded(self.store.flush(&self.region, &rows, now_ms))
-            .await
-        {
+        match self.guarded(self.store.flush(&self.region, &rows)).await {
             Ok(written) => {
                 self.view().commit_flush(&rows);
                 self.metrics.writes.inc();
@@ -270,11 +343,33 @@ impl Global {
         }
     }
 
-    /// Imports every live cell's own and foreign sums: into the view (for answers and
-    /// flushes) and into local memory (for decisions). Returns the rows applied.
+    /// Imports the own and foreign sums of the live cells the plan says (every one, or those
+    /// changed since the last sync): into the view (for answers and flushes) and into local
+    /// memory (for decisions). Returns the rows applied.
     pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
-        let rows = match self.guarded(self.store.sync(&self.region, now_ms)).await {
-            Ok(rows) => rows,
+        let started = std::time::Instant::now();
+        let read = async {
+            let began = self.store.clock_ms().await?;
+            let read = self.sync_plan().next(began);
+            let rows = match read {
+                SyncRead::Full => self.store.sync(&self.region, now_ms).await?,
+                SyncRead::Since(since) => {
+                    self.store.sync_changed(&self.region, now_ms, since).await?
+                }
+            };
+            Ok((read, began, rows))
+        };
+        let rows = match self.guarded(read).await {
+            Ok((read, began, rows)) => {
+                self.sync_plan().done(read, began);
+                if read == SyncRead::Full {
+                    self.metrics.full_syncs.inc();
+                }
+                self.metrics
+                    .sync_seconds
+                    .inc_by(started.elapsed().as_secs_f64());
+                rows
+            }
             Err(e) => {
                 self.metrics.sync_errors.inc();
                 return Err(e);
@@ -322,6 +417,11 @@ impl Global {
             ("syncs", "Syncs that succeeded", &m.syncs),
             ("sync_errors", "Syncs that failed", &m.sync_errors),
             (
+                "full_syncs",
+                "Syncs that read every live row (the others read the cells changed since the last)",
+                &m.full_syncs,
+            ),
+            (
                 "entries_created",
                 "Local entries a sync created for keys not seen here",
                 &m.entries_created,
@@ -334,6 +434,11 @@ impl Global {
         ] {
             r.register(format!("strata_global_{name}"), help, counter.clone());
         }
+        r.register(
+            "strata_global_sync_seconds",
+            "Seconds spent in syncs that succeeded (over strata_global_syncs_total: the mean)",
+            m.sync_seconds.clone(),
+        );
         r.register(
             "strata_global_rows_last_poll",
             "Rows the last sync returned",
@@ -360,5 +465,45 @@ impl Global {
         m.breaker_open.set(i64::from(self.breaker_open()));
         m.regions
             .set(i64::try_from(self.regions()).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_reads_every_row_first_and_each_interval_and_what_changed_between() {
+        let mut plan = SyncPlan::new(60_000);
+        assert_eq!(plan.next(1_000_000), SyncRead::Full, "the first read");
+        plan.done(SyncRead::Full, 1_000_000);
+        let next = plan.next(1_001_000);
+        assert_eq!(next, SyncRead::Since(1_000_000 - SYNC_OVERLAP_MS));
+        plan.done(next, 1_001_000);
+        assert_eq!(
+            plan.next(1_002_000),
+            SyncRead::Since(1_001_000 - SYNC_OVERLAP_MS),
+            "from the last read's start"
+        );
+        // A failed sync records nothing: the next reads from the last that succeeded.
+        assert_eq!(
+            plan.next(1_030_000),
+            SyncRead::Since(1_001_000 - SYNC_OVERLAP_MS)
+        );
+        assert_eq!(
+            plan.next(1_060_000),
+            SyncRead::Full,
+            "a minute after the last full"
+        );
+        plan.done(SyncRead::Full, 1_060_000);
+        assert_eq!(
+            plan.next(1_061_000),
+            SyncRead::Since(1_060_000 - SYNC_OVERLAP_MS)
+        );
+        assert_eq!(
+            SyncPlan::new(0).next(5),
+            SyncRead::Full,
+            "0: every sync full"
+        );
     }
 }

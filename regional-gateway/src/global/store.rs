@@ -11,17 +11,24 @@ use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 
 /// The newest schema this binary knows.
-pub const SCHEMA_VERSION: i64 = 3;
-const MYSQL: [&str; 3] = [
+pub const SCHEMA_VERSION: i64 = 4;
+const MYSQL: [&str; 4] = [
     include_str!("../../../migrations/mysql/0001_window_counts.sql"),
     include_str!("../../../migrations/mysql/0002_no_pad_keys.sql"),
     include_str!("../../../migrations/mysql/0003_regions.sql"),
+    include_str!("../../../migrations/mysql/0004_updated_index.sql"),
 ];
-const SQLITE: [&str; 3] = [
+const SQLITE: [&str; 4] = [
     include_str!("../../../migrations/sqlite/0001_window_counts.sql"),
     include_str!("../../../migrations/sqlite/0002_no_pad_keys.sql"),
     include_str!("../../../migrations/sqlite/0003_regions.sql"),
+    include_str!("../../../migrations/sqlite/0004_updated_index.sql"),
 ];
+/// The database's clock in Unix ms, as each dialect spells it: every flush stamps `updated_at`
+/// with it and a sync reads changes against it, so the gateways' own clocks (which may disagree)
+/// never decide what a sync sees.
+const MYSQL_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED)";
+const SQLITE_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
 /// Rows per upsert statement: 9 placeholders each, far under MySQL's 65,535 and SQLite's
 /// 32,766 placeholders per statement.
 pub const FLUSH_CHUNK_ROWS: usize = 1_000;
@@ -180,14 +187,9 @@ impl Store {
     }
 
     /// Writes this region's components (`count = GREATEST(count, new)`), in the rows' order
-    /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks. Returns
-    /// the rows written.
-    pub async fn flush(
-        &self,
-        region: &Region,
-        rows: &[FlushRow],
-        now_ms: u64,
-    ) -> Result<u64, StoreError> {
+    /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks, each row
+    /// stamped with the database's clock. Returns the rows written.
+    pub async fn flush(&self, region: &Region, rows: &[FlushRow]) -> Result<u64, StoreError> {
         let mut written = 0;
         for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
             let head = "INSERT INTO ratelimit_window_counts \
@@ -205,7 +207,7 @@ impl Store {
                             .push_bind(region.as_str())
                             .push_bind(r.count)
                             .push_bind(r.expires_at)
-                            .push_bind(now_ms);
+                            .push(MYSQL_NOW_MS);
                     });
                     q.push(" ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), updated_at = VALUES(updated_at)");
                     q.build().execute(p).await.map_err(query)?;
@@ -222,7 +224,7 @@ impl Store {
                             .push_bind(region.as_str())
                             .push_bind(signed(r.count))
                             .push_bind(signed(r.expires_at))
-                            .push_bind(signed(now_ms));
+                            .push(SQLITE_NOW_MS);
                     });
                     q.push(
                         " ON CONFLICT (workspace_id, namespace, identifier, duration_ms, sequence, region) \
@@ -236,65 +238,127 @@ impl Store {
         Ok(written)
     }
 
+    /// The database's clock, Unix ms: what a later [`sync_changed`](Self::sync_changed) reads
+    /// changes against.
+    pub async fn clock_ms(&self) -> Result<u64, StoreError> {
+        let ms: i64 = match self {
+            Store::MySql(p) => {
+                sqlx::query_scalar(&format!("SELECT CAST({MYSQL_NOW_MS} AS SIGNED)"))
+                    .fetch_one(p)
+                    .await
+                    .map_err(query)?
+            }
+            Store::Sqlite(p) => sqlx::query_scalar(&format!("SELECT {SQLITE_NOW_MS}"))
+                .fetch_one(p)
+                .await
+                .map_err(query)?,
+        };
+        Ok(unsigned(ms))
+    }
+
     /// One query: for every live cell, this region's component and the others' sum.
     pub async fn sync(&self, region: &Region, now_ms: u64) -> Result<Vec<SyncRow>, StoreError> {
+        self.sync_cells(region, now_ms, None).await
+    }
+
+    /// [`sync`](Self::sync) of only the live cells with a row written after `since_ms` (the
+    /// database's clock): every row of those cells is read, and no other.
+    pub async fn sync_changed(
+        &self,
+        region: &Region,
+        now_ms: u64,
+        since_ms: u64,
+    ) -> Result<Vec<SyncRow>, StoreError> {
+        self.sync_cells(region, now_ms, Some(since_ms)).await
+    }
+
+    async fn sync_cells(
+        &self,
+        region: &Region,
+        now_ms: u64,
+        since_ms: Option<u64>,
+    ) -> Result<Vec<SyncRow>, StoreError> {
+        let cells = "c.workspace_id, c.namespace, c.identifier, c.duration_ms, c.sequence";
+        let from = match since_ms {
+            None => "ratelimit_window_counts AS c WHERE c.expires_at > ?".to_string(),
+            // The cells changed since, through the `updated_at` index; then each one's rows.
+            Some(_) => {
+                "(SELECT DISTINCT workspace_id, namespace, identifier, duration_ms, sequence \
+                 FROM ratelimit_window_counts WHERE updated_at > ? AND expires_at > ?) AS ch \
+                 JOIN ratelimit_window_counts AS c ON c.workspace_id = ch.workspace_id \
+                 AND c.namespace = ch.namespace AND c.identifier = ch.identifier \
+                 AND c.duration_ms = ch.duration_ms AND c.sequence = ch.sequence"
+                    .to_string()
+            }
+        };
         let sql = |cast: &str| {
             format!(
-                "SELECT workspace_id, namespace, identifier, duration_ms, sequence, \
-                 CAST(SUM(CASE WHEN region = ? THEN count ELSE 0 END) AS {cast}) AS own, \
-                 CAST(SUM(CASE WHEN region <> ? THEN count ELSE 0 END) AS {cast}) AS foreign_sum \
-                 FROM ratelimit_window_counts WHERE expires_at > ? \
-                 GROUP BY workspace_id, namespace, identifier, duration_ms, sequence"
+                "SELECT {cells}, \
+                 CAST(SUM(CASE WHEN c.region = ? THEN c.count ELSE 0 END) AS {cast}) AS own, \
+                 CAST(SUM(CASE WHEN c.region <> ? THEN c.count ELSE 0 END) AS {cast}) AS foreign_sum \
+                 FROM {from} GROUP BY {cells}"
             )
         };
         let rows: Vec<(String, String, String, i64, i64, i64, i64)> = match self {
-            Store::MySql(p) => sqlx::query(&sql("SIGNED"))
-                .bind(region.as_str())
-                .bind(region.as_str())
-                .bind(now_ms)
-                .fetch_all(p)
-                .await
-                .map_err(query)?
-                .iter()
-                .map(|r| {
-                    // VARBINARY (and the first schema's utf8mb4_bin) columns arrive as bytes.
-                    let text = |i: usize| -> Result<String, sqlx::Error> {
-                        let bytes: Vec<u8> = r.try_get(i)?;
-                        String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-                    };
-                    Ok((
-                        text(0)?,
-                        text(1)?,
-                        text(2)?,
-                        r.try_get::<u64, _>(3).map(signed)?,
-                        r.try_get(4)?,
-                        r.try_get(5)?,
-                        r.try_get(6)?,
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(query)?,
-            Store::Sqlite(p) => sqlx::query(&sql("INTEGER"))
-                .bind(region.as_str())
-                .bind(region.as_str())
-                .bind(signed(now_ms))
-                .fetch_all(p)
-                .await
-                .map_err(query)?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get(0)?,
-                        r.try_get(1)?,
-                        r.try_get(2)?,
-                        r.try_get(3)?,
-                        r.try_get(4)?,
-                        r.try_get(5)?,
-                        r.try_get(6)?,
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(query)?,
+            Store::MySql(p) => {
+                let text = sql("SIGNED");
+                let mut q = sqlx::query(&text)
+                    .bind(region.as_str())
+                    .bind(region.as_str());
+                if let Some(since) = since_ms {
+                    q = q.bind(since);
+                }
+                q.bind(now_ms)
+                    .fetch_all(p)
+                    .await
+                    .map_err(query)?
+                    .iter()
+                    .map(|r| {
+                        // VARBINARY (and the first schema's utf8mb4_bin) columns arrive as bytes.
+                        let text = |i: usize| -> Result<String, sqlx::Error> {
+                            let bytes: Vec<u8> = r.try_get(i)?;
+                            String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+                        };
+                        Ok((
+                            text(0)?,
+                            text(1)?,
+                            text(2)?,
+                            r.try_get::<u64, _>(3).map(signed)?,
+                            r.try_get(4)?,
+                            r.try_get(5)?,
+                            r.try_get(6)?,
+                        ))
+                    })
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(query)?
+            }
+            Store::Sqlite(p) => {
+                let text = sql("INTEGER");
+                let mut q = sqlx::query(&text)
+                    .bind(region.as_str())
+                    .bind(region.as_str());
+                if let Some(since) = since_ms {
+                    q = q.bind(signed(since));
+                }
+                q.bind(signed(now_ms))
+                    .fetch_all(p)
+                    .await
+                    .map_err(query)?
+                    .iter()
+                    .map(|r| {
+                        Ok((
+                            r.try_get(0)?,
+                            r.try_get(1)?,
+                            r.try_get(2)?,
+                            r.try_get(3)?,
+                            r.try_get(4)?,
+                            r.try_get(5)?,
+                            r.try_get(6)?,
+                        ))
+                    })
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(query)?
+            }
         };
         Ok(rows
             .into_iter()

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The global layer at scale on MariaDB (not part of the test command): three regions, one
+# release gateway each (embedded origin, a private MariaDB database of the run's), KEYS active
+# keys in every region, RATE requests/s on each gateway (default 2,000). Two phases, each measured for PHASE seconds after a warm-up that makes
+# every key live in every region:
+#   busy   the load runs over all KEYS keys (most cells change every second);
+#   quiet  the load runs over the first QUIET_KEYS keys only (KEYS cells stay live, few change).
+# For each phase: SQL rows read and written per second (MariaDB's Handler_read_* and Handler_write +
+# Handler_update over the phase, divided by the gateways), syncs and the cells they returned per gateway per second, and a
+# sync's mean duration (strata_global_sync_seconds / strata_global_syncs_total). Run with
+# SYNC_FULL=1ms to make every sync read every row (as before syncs read only what changed).
+#
+#   cargo build --release -p strata-gateway --bins --example loadgen
+#   scripts/bench-sync.sh                                # 100,000 keys, default settings
+#   SYNC_FULL=1ms scripts/bench-sync.sh                  # every sync a full read
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
+KEYS=${KEYS:-100000}
+QUIET_KEYS=${QUIET_KEYS:-1000}
+RATE=${RATE:-2000}
+WARM=${WARM:-60}
+PHASE=${PHASE:-20}
+SYNC_FULL=${SYNC_FULL:-60s}
+gateway="$CARGO_TARGET_DIR/release/strata-gateway"
+loadgen="$CARGO_TARGET_DIR/release/examples/loadgen"
+for need in "$gateway" "$loadgen"; do
+  [ -x "$need" ] || { echo "missing $need: run the build line above" >&2; exit 1; }
+done
+mysql -uroot -h127.0.0.1 -e 'SELECT 1' >/dev/null || { echo "MariaDB is not on 127.0.0.1:3306 (the test command starts it)" >&2; exit 1; }
+
+db="strata_bench_sync_$$"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  kill "${pids[@]}" 2>/dev/null || true
+  [ -n "${KEEP_LOGS:-}" ] && cp "$work"/*.log /tmp/ 2>/dev/null
+  mysql -uroot -h127.0.0.1 -e "DROP DATABASE IF EXISTS $db" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+mysql -uroot -h127.0.0.1 -e "CREATE DATABASE $db"
+
+regions=(eu us ap)
+declare -A port
+for r in "${regions[@]}"; do
+  port[$r]=$(free_port)
+  "$gateway" --region "$r" --listen "127.0.0.1:${port[$r]}" --data-dir "$work/$r" \
+    --database-url "mysql://root@127.0.0.1:3306/$db" --sync-full-interval "$SYNC_FULL" \
+    >"$work/$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in "${regions[@]}"; do wait_port "${port[$r]}" || { cat "$work/$r.log"; exit 1; }; done
+
+# load KEYS SECONDS : loadgen against every gateway at once, RATE requests/s each (the machine's
+# two cores also run MariaDB), limit 10 a minute: a key's first request crosses the publish
+# floor, so every touched cell is published.
+load() {
+  local lp=()
+  for r in "${regions[@]}"; do
+    "$loadgen" --url "http://127.0.0.1:${port[$r]}" --keys "$1" --limit 10 --concurrency 4 --rate "$RATE" \
+      --seconds "$2" >"$work/load-$r.txt" 2>&1 &
+    lp+=($!)
+  done
+  wait "${lp[@]}"
+}
+
+# handler : MariaDB's rows read (every Handler_read_*: index lookups, index and table scans)
+# and rows written (Handler_write + Handler_update), server-wide.
+handler() {
+  mysql -uroot -h127.0.0.1 -N -e "SHOW GLOBAL STATUS LIKE 'Handler_%'" |
+    awk '$1 ~ /^Handler_read_/ {r+=$2} $1 == "Handler_write" || $1 == "Handler_update" {w+=$2} END {print r, w}'
+}
+
+# gateways : summed over the gateways: syncs, full syncs, cells returned, sync seconds.
+gateways() {
+  for r in "${regions[@]}"; do curl -s "127.0.0.1:${port[$r]}/metrics"; done | awk '
+    /^strata_global_syncs_total / {s+=$2} /^strata_global_full_syncs_total / {f+=$2}
+    /^strata_global_sync_rows_applied_total / {c+=$2} /^strata_global_sync_seconds_total / {t+=$2}
+    END {print s, f, c, t}'
+}
+
+rows_live() { mysql -uroot -h127.0.0.1 -N -e "SELECT COUNT(*) FROM $db.ratelimit_window_counts"; }
+
+phase() {
+  local name=$1 keys=$2 r0 w0 s0 f0 c0 t0 r1 w1 s1 f1 c1 t1 n=${#regions[@]}
+  read -r r0 w0 < <(handler)
+  read -r s0 f0 c0 t0 < <(gateways)
+  load "$keys" "$PHASE"
+  read -r r1 w1 < <(handler)
+  read -r s1 f1 c1 t1 < <(gateways)
+  awk -v name="$name" -v keys="$keys" -v p="$PHASE" -v n="$n" -v live="$(rows_live)" \
+    -v dr=$((r1 - r0)) -v dw=$((w1 - w0)) -v ds=$((s1 - s0)) -v df=$((f1 - f0)) -v dc=$((c1 - c0)) \
+    -v dt="$(echo "$t1 - $t0" | bc -l)" 'BEGIN {
+      printf "  %-6s load over %6d keys, %6d rows in the table: per gateway per second: SQL rows read %9.0f, written %7.0f; syncs %.2f (full %.2f), cells returned %8.0f; a sync %.1f ms\n",
+        name, keys, live, dr / p / n, dw / p / n, ds / p / n, df / p / n, dc / p / n, (ds > 0 ? 1000 * dt / ds : 0)
+    }'
+  cat "$work"/load-*.txt | sed 's/^/      /'
+}
+
+echo "Three regions on MariaDB, $KEYS keys, --sync-full-interval $SYNC_FULL; warming up for ${WARM}s"
+load "$KEYS" "$WARM"
+phase busy "$KEYS"
+phase quiet "$QUIET_KEYS"

@@ -735,7 +735,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 15, "every setting with a plain default");
+        assert_eq!(checked, 16, "every setting with a plain default");
     }
 
     #[test]

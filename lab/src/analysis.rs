@@ -86,6 +86,34 @@ impl Spread {
     }
 }
 
+/// Client-observed decision latency: p50, p99 and p99.9, in microseconds, of the requests that
+/// got a decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    pub n: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+impl Latency {
+    pub fn of(mut values: Vec<u32>) -> Option<Self> {
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_unstable();
+        // q is within 0..=1, so the rounded index is within the sample.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let at = |q: f64| f64::from(values[((values.len() - 1) as f64 * q).round() as usize]);
+        Some(Self {
+            n: values.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+        })
+    }
+}
+
 /// What a run shows.
 #[derive(Clone, Debug, Default)]
 pub struct Figures {
@@ -110,6 +138,10 @@ pub struct Figures {
     pub never_seen: u64,
     /// Admitted per second of the run, per region.
     pub admitted_per_second: Vec<Vec<u64>>,
+    /// Decision latency as the clients saw it, over every region.
+    pub latency: Option<Latency>,
+    /// The same, per region.
+    pub latency_by_region: Vec<Option<Latency>>,
 }
 
 impl Figures {
@@ -183,6 +215,17 @@ pub fn figures(
     let (delays, never) = propagation(s, samples, polls, floor);
     f.propagation_ms = Spread::of(delays);
     f.never_seen = never;
+    let decided = |region: Option<u16>| {
+        samples
+            .iter()
+            .filter(|x| x.outcome != Outcome::Error && region.is_none_or(|r| x.region == r))
+            .map(|x| x.latency_us)
+            .collect::<Vec<_>>()
+    };
+    f.latency = Latency::of(decided(None));
+    f.latency_by_region = (0..s.regions)
+        .map(|r| Latency::of(decided(u16::try_from(r).ok())))
+        .collect();
     f
 }
 
@@ -264,7 +307,34 @@ mod tests {
             gateway: region,
             key: 0,
             outcome,
+            latency_us: u32::try_from(at_ms % 1_000).unwrap_or(0) + 100 * u32::from(region),
         }
+    }
+
+    #[test]
+    fn latency_is_taken_over_the_decided_requests_and_per_region() {
+        let s = scenario(2);
+        let mut samples: Vec<Sample> = (0..1_000)
+            .map(|i| sample(i, 0, Outcome::Pass))
+            .chain((0..10).map(|i| sample(i, 1, Outcome::Deny)))
+            .chain([Sample {
+                latency_us: 9_999_999,
+                ..sample(5, 1, Outcome::Error)
+            }])
+            .collect();
+        let f = figures(&s, 0, &mut samples, &[], 0.2);
+        let region0 = f.latency_by_region[0].unwrap();
+        assert_eq!(
+            (region0.n, region0.p50, region0.p99, region0.p999),
+            (1_000, 500.0, 989.0, 998.0)
+        );
+        let region1 = f.latency_by_region[1].unwrap();
+        assert_eq!(
+            (region1.n, region1.p50, region1.p999),
+            (10, 105.0, 109.0),
+            "errors left out"
+        );
+        assert_eq!(f.latency.unwrap().n, 1_010);
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct Sample {
     pub gateway: u16,
     pub key: u32,
     pub outcome: Outcome,
+    /// Microseconds from sending the request to reading its answer: the decision's latency
+    /// as the client sees it.
+    pub latency_us: u32,
 }
 
 /// One look at a region's view of the hot cell.
@@ -163,7 +166,9 @@ pub async fn send(
             let at_ms = start_ms + u64::try_from(start.elapsed().as_millis()).unwrap_or(0);
             recorder.sent.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
+                let sent = Instant::now();
                 let outcome = decide(&http, &url, body).await;
+                let latency_us = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
                 drop(permit);
                 recorder.record(Sample {
                     at_ms,
@@ -171,6 +176,7 @@ pub async fn send(
                     gateway: gateway16,
                     key,
                     outcome,
+                    latency_us,
                 });
             });
         }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::analysis::{Figures, Spread};
+use crate::analysis::{Figures, Latency, Spread};
 use crate::probe::Reading;
 use crate::scenario::Scenario;
 
@@ -94,6 +94,12 @@ impl Report {
 
     pub fn to_json(&self) -> Value {
         let f = &self.figures;
+        let latency = |l: &Option<Latency>| {
+            l.map_or(
+                Value::Null,
+                |l| json!({"n": l.n, "p50": l.p50, "p99": l.p99, "p999": l.p999}),
+            )
+        };
         let spread = |s: &Option<Spread>| {
             s.map_or(
                 Value::Null,
@@ -118,6 +124,8 @@ impl Report {
                 "wrongly_admitted": f.wrongly_admitted,
                 "propagation_ms": spread(&f.propagation_ms),
                 "never_seen": f.never_seen,
+                "latency_us": latency(&f.latency),
+                "latency_us_by_region": f.latency_by_region.iter().map(latency).collect::<Vec<_>>(),
                 "redis_commands_per_1000": self.redis_commands_per_1000,
                 "origin_calls_per_1000": self.origin_calls_per_1000,
                 "sql_statements_per_gateway_second": self.sql_statements_per_gateway_second,
@@ -151,7 +159,7 @@ impl Report {
     /// The table's header.
     pub fn header() -> String {
         format!(
-            "{:<16} {:>8} {:>9} {:>7} {:>7} {:>7} {:>20} {:>9} {:>9} {:>8} {:>6} {:>6}",
+            "{:<16} {:>8} {:>9} {:>7} {:>7} {:>7} {:>20} {:>20} {:>9} {:>9} {:>8} {:>6} {:>6}",
             "scenario",
             "offered",
             "adm/allow",
@@ -159,6 +167,7 @@ impl Report {
             "wr.deny",
             "wr.adm",
             "propag. p50/p95/max s",
+            "lat. p50/p99/p99.9 ms",
             "redis/1k",
             "origin/1k",
             "sql/gw/s",
@@ -173,8 +182,11 @@ impl Report {
         let propagation = f.propagation_ms.map_or("-".to_string(), |p| {
             format!("{:.1}/{:.1}/{:.1}", p.p50 / 1e3, p.p95 / 1e3, p.max / 1e3)
         });
+        let latency = f.latency.map_or("-".to_string(), |l| {
+            format!("{:.2}/{:.2}/{:.2}", l.p50 / 1e3, l.p99 / 1e3, l.p999 / 1e3)
+        });
         format!(
-            "{:<16} {:>8} {:>9.3} {:>7.2} {:>7} {:>7} {:>20} {:>9.1} {:>9.1} {:>8.2} {:>6.1} {:>6.0}",
+            "{:<16} {:>8} {:>9.3} {:>7.2} {:>7} {:>7} {:>20} {:>20} {:>9.1} {:>9.1} {:>8.2} {:>6.1} {:>6.0}",
             self.scenario,
             f.offered,
             f.ratio(),
@@ -182,6 +194,7 @@ impl Report {
             f.wrongly_denied,
             f.wrongly_admitted,
             propagation,
+            latency,
             self.redis_commands_per_1000,
             self.origin_calls_per_1000,
             self.sql_statements_per_gateway_second,

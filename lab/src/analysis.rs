@@ -68,20 +68,22 @@ pub struct Spread {
     pub max: f64,
 }
 
+/// The `q` quantile (0 to 1) of `sorted`, by the nearest rank; `None` for no values.
+fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    // q is within 0..=1, so the rounded index is within the sample.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let at = (sorted.len().saturating_sub(1) as f64 * q).round() as usize;
+    sorted.get(at).copied()
+}
+
 impl Spread {
     pub fn of(mut values: Vec<f64>) -> Option<Self> {
-        if values.is_empty() {
-            return None;
-        }
         values.sort_by(f64::total_cmp);
-        // q is within 0..=1, so the rounded index is within the sample.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
         Some(Self {
             n: values.len(),
-            p50: at(0.5),
-            p95: at(0.95),
-            max: at(1.0),
+            p50: quantile(&values, 0.5)?,
+            p95: quantile(&values, 0.95)?,
+            max: quantile(&values, 1.0)?,
         })
     }
 }
@@ -98,18 +100,13 @@ pub struct Latency {
 
 impl Latency {
     pub fn of(mut values: Vec<u32>) -> Option<Self> {
-        if values.is_empty() {
-            return None;
-        }
         values.sort_unstable();
-        // q is within 0..=1, so the rounded index is within the sample.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let at = |q: f64| f64::from(values[((values.len() - 1) as f64 * q).round() as usize]);
+        let at = |q| quantile(&values, q).map(f64::from);
         Some(Self {
             n: values.len(),
-            p50: at(0.5),
-            p99: at(0.99),
-            p999: at(0.999),
+            p50: at(0.5)?,
+            p99: at(0.99)?,
+            p999: at(0.999)?,
         })
     }
 }

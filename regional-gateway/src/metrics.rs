@@ -132,6 +132,7 @@ pub struct Metrics {
     origin_up: Gauge,
     rls_family: Family<ResultLabels, Counter>,
     rls_calls: [Counter; RLS_RESULTS.len()],
+    rls_shadow_over: Counter,
 }
 
 /// How the rate-limit service answered a `ShouldRateLimit` call.
@@ -197,6 +198,7 @@ impl Default for Metrics {
             origin_up: Gauge::default(),
             rls_family,
             rls_calls,
+            rls_shadow_over: Counter::default(),
         }
     }
 }
@@ -219,6 +221,11 @@ impl Metrics {
             "strata_rls_calls",
             "Calls to Envoy's rate-limit service (--rls-listen), by answer: ok, over_limit, or refused (an error status; nothing counted)",
             self.rls_family.clone(),
+        );
+        r.register(
+            "strata_rls_shadow_over_limit",
+            "Shadow descriptors of the rate-limit service found over their limit (they never deny)",
+            self.rls_shadow_over.clone(),
         );
         r.register(
             "strata_origin_reasons",
@@ -373,6 +380,11 @@ impl Metrics {
     /// A replay batch that failed (its counts go out with the next).
     pub fn replay_failed(&self) {
         self.replay_failed_batches.inc();
+    }
+
+    /// A shadow descriptor over its limit.
+    pub fn rls_shadow_over(&self) {
+        self.rls_shadow_over.inc();
     }
 
     /// A `ShouldRateLimit` call answered.

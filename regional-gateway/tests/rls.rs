@@ -225,6 +225,14 @@ async fn shadow_unlimited_and_unconfigured_descriptors_never_deny() {
         })
         .await;
     assert_eq!(d.remaining, 0, "the shadow limit counted its passes: {d:?}");
+    let metrics = s.common.get("/metrics").await.text;
+    let over = common::metric_sum(&metrics, |l| {
+        l.starts_with("strata_rls_shadow_over_limit_total ")
+    });
+    assert_eq!(
+        over, 3.0,
+        "three of the five calls were over the shadow limit"
+    );
     let r = s
         .ok(call(
             "edge",

@@ -130,7 +130,8 @@ impl RateLimitService for RlsService {
             let cost = if success { limit.cost } else { 0 };
             let d = gw.limiter.decide(LimitRequest { cost, ..*limit }).await;
             if !d.success {
-                tracing::info!(%domain, identifier = limit.key.identifier(), "shadow limit over");
+                gw.limiter.metrics.rls_shadow_over();
+                tracing::debug!(%domain, identifier = limit.key.identifier(), "shadow limit over");
             }
             if let Some(slot) = decisions.get_mut(*i) {
                 *slot = Some(d);

@@ -74,16 +74,10 @@ PY
 # start NAME CONCURRENCY : starts the config's Envoy; sets PORT and ADMIN, and its pid in
 # pid[NAME].
 declare -A pid
-base_id=$((RANDOM % 1000 + 100))
 start() {
   read -r PORT ADMIN <"$work/$1.ports"
-  base_id=$((base_id + 1))
-  "$envoy" -c "$work/$1.yaml" --concurrency "$2" --base-id "$base_id" >"$work/$1.log" 2>&1 &
-  pids+=($!)
-  pid[$1]=$!
-  wait_port "$PORT" || { cat "$work/$1.log"; exit 1; }
-  for _ in $(seq 50); do curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:$PORT/" && return 0; sleep 0.1; done
-  cat "$work/$1.log"; exit 1
+  start_envoy "$envoy" "$work/$1.yaml" "$2" "$PORT" "$work/$1.log"
+  pid[$1]=$ENVOY_PID
 }
 
 # load PORT [wrk args...] : requests/s, p50 and p99.

@@ -98,19 +98,13 @@ PY
 }
 
 declare -A port admin
-base_id=$((RANDOM % 1000 + 100))
+# start NAME : starts variant NAME's Envoy; its ports in port[NAME] and admin[NAME].
 start() {
   local p a
   read -r p a <"$work/$1.ports"
-  base_id=$((base_id + 1))
-  "$envoy" -c "$work/$1.yaml" --concurrency 1 --base-id "$base_id" >"$work/$1.log" 2>&1 &
-  pids+=($!)
-  wait_port "$p" || { cat "$work/$1.log"; exit 1; }
-  for _ in $(seq 50); do
-    curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:$p/" && { port[$1]=$p; admin[$1]=$a; return 0; }
-    sleep 0.1
-  done
-  cat "$work/$1.log"; exit 1
+  start_envoy "$envoy" "$work/$1.yaml" 1 "$p" "$work/$1.log"
+  port[$1]=$p
+  admin[$1]=$a
 }
 
 names=(none rls wasm)

@@ -24,6 +24,26 @@ wait_port() {
   return 1
 }
 
+# start_envoy BINARY CONFIG CONCURRENCY PORT LOG : starts Envoy on CONFIG with a --base-id of
+# its own (so several run side by side), logging to LOG; sets ENVOY_PID and adds it to the
+# caller's `pids`; waits until a request with `x-api-key: warm` passes on 127.0.0.1:PORT (5 s
+# after the port opens). If it never does, prints the log and exits.
+_envoy_base_id=$((RANDOM % 1000 + 100))
+start_envoy() {
+  local bin=$1 config=$2 concurrency=$3 port=$4 log=$5 _
+  _envoy_base_id=$((_envoy_base_id + 1))
+  "$bin" -c "$config" --concurrency "$concurrency" --base-id "$_envoy_base_id" >"$log" 2>&1 &
+  ENVOY_PID=$!
+  pids+=("$ENVOY_PID")
+  wait_port "$port" || { cat "$log"; exit 1; }
+  for _ in $(seq 50); do
+    curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:$port/" && return 0
+    sleep 0.1
+  done
+  cat "$log"
+  exit 1
+}
+
 # Sets the variables of the `WRK k=v ...` line bench/ratelimit.lua prints at the end of a run
 # (requests, seconds, p50_us, p99_us, p999_us, max_us, errors), read from wrk's output $1;
 # fails, printing that output, if it holds no such line.

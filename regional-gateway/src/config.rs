@@ -462,12 +462,7 @@ impl Settings {
     pub fn resolve(layer: Layer) -> Result<Self, ConfigError> {
         let d = Settings::default();
         let listen = match layer.listen {
-            Some(text) => text.trim().parse::<SocketAddr>().map_err(|_| {
-                err(
-                    "--listen",
-                    format_args!("{text:?} is not an address like 127.0.0.1:8080"),
-                )
-            })?,
+            Some(text) => address("--listen", &text, "127.0.0.1:8080")?,
             None => d.listen,
         };
         let region = match layer.region {
@@ -528,14 +523,7 @@ impl Settings {
                 }
             }
         }
-        if tokens.is_empty() && !listen.ip().is_loopback() {
-            return Err(err(
-                "--listen",
-                format_args!(
-                    "refusing to listen on {listen} without tokens: set --tokens or --tokens-file, or listen on loopback"
-                ),
-            ));
-        }
+        open_only_with_tokens("--listen", listen, &tokens)?;
         let rls = rls(layer.rls_listen, layer.rls_config, &tokens)?;
         let data_dir = layer.data_dir.unwrap_or(d.data_dir);
         let database_url = match layer.database_url.map(|u| u.trim().to_string()) {
@@ -603,6 +591,33 @@ impl Settings {
     }
 }
 
+/// The socket address `text` of `setting` (`example` shows the form).
+fn address(setting: &'static str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    text.trim().parse::<SocketAddr>().map_err(|_| {
+        err(
+            setting,
+            format_args!("{text:?} is not an address like {example}"),
+        )
+    })
+}
+
+/// Refuses a listener off loopback when no token guards it: every listener serves workspaces.
+fn open_only_with_tokens(
+    setting: &'static str,
+    listen: SocketAddr,
+    tokens: &HashMap<String, String>,
+) -> Result<(), ConfigError> {
+    if tokens.is_empty() && !listen.ip().is_loopback() {
+        return Err(err(
+            setting,
+            format_args!(
+                "refusing to listen on {listen} without tokens: set --tokens or --tokens-file, or listen on loopback"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The rate-limit service's settings: both or neither of `--rls-listen` and `--rls-config`.
 fn rls(
     listen: Option<String>,
@@ -625,20 +640,8 @@ fn rls(
         }
         (Some(listen), Some(path)) => (listen, path),
     };
-    let listen = listen.trim().parse::<SocketAddr>().map_err(|_| {
-        err(
-            "--rls-listen",
-            format_args!("{listen:?} is not an address like 127.0.0.1:8081"),
-        )
-    })?;
-    if tokens.is_empty() && !listen.ip().is_loopback() {
-        return Err(err(
-            "--rls-listen",
-            format_args!(
-                "refusing to listen on {listen} without tokens: set --tokens or --tokens-file, or listen on loopback"
-            ),
-        ));
-    }
+    let listen = address("--rls-listen", &listen, "127.0.0.1:8081")?;
+    open_only_with_tokens("--rls-listen", listen, tokens)?;
     let config = RlsConfig::load(&path).map_err(|e| err("--rls-config", e))?;
     Ok(Some(RlsSettings {
         listen,

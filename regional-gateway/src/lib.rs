@@ -44,7 +44,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::auth::Auth;
 use crate::clock::Clock;
 use crate::config::Settings;
-use crate::global::{Global, Store, StoreError};
+use crate::global::{Global, Store, StoreError, create_sqlite_dir};
 use crate::limiter::Limiter;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
@@ -105,16 +105,7 @@ impl Gateway {
             settings.origin_timeout.max(Duration::from_secs(2)),
         )
         .map_err(|e| StartError::Database(e.to_string()))?;
-        if let Some(dir) = settings
-            .database_url
-            .strip_prefix("sqlite://")
-            .and_then(|p| std::path::Path::new(p).parent())
-            && !dir.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StartError::Database(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
+        create_sqlite_dir(&settings.database_url).map_err(StartError::Database)?;
         match store.migrate().await {
             Ok(_) => {}
             Err(e @ StoreError::Newer { .. }) => return Err(StartError::Database(e.to_string())),

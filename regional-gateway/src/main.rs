@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use strata_gateway::clock::Clock;
 use strata_gateway::config::{Cli, Settings, Task};
-use strata_gateway::global::Store;
+use strata_gateway::global::{Store, create_sqlite_dir};
 use strata_gateway::{Gateway, Listeners, run};
 use tracing_subscriber::EnvFilter;
 
@@ -68,14 +68,8 @@ async fn main() -> ExitCode {
 
 /// `migrate` or `cleanup`, then exit (for a deploy step or an external scheduler).
 async fn run_task(task: Task, settings: &Settings) -> ExitCode {
-    if let Some(dir) = settings
-        .database_url
-        .strip_prefix("sqlite://")
-        .and_then(|p| std::path::Path::new(p).parent())
-        .filter(|d| !d.as_os_str().is_empty())
-        && let Err(e) = std::fs::create_dir_all(dir)
-    {
-        eprintln!("strata-gateway: cannot create {}: {e}", dir.display());
+    if let Err(e) = create_sqlite_dir(&settings.database_url) {
+        eprintln!("strata-gateway: {e}");
         return ExitCode::from(1);
     }
     let store = match Store::connect(&settings.database_url, std::time::Duration::from_secs(10)) {

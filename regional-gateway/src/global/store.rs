@@ -88,6 +88,20 @@ fn unsigned(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// Creates the directory of an `sqlite://` URL's file if it is missing (SQLite creates the
+/// file, not its directory); any other URL has none. The error says which directory.
+pub fn create_sqlite_dir(url: &str) -> Result<(), String> {
+    match url
+        .strip_prefix("sqlite://")
+        .and_then(|p| std::path::Path::new(p).parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display())),
+        None => Ok(()),
+    }
+}
+
 impl Store {
     /// Connects (lazily: the gateway starts even if the database is down) to `mysql://…` or
     /// `sqlite://…` (the SQLite file is created if missing).

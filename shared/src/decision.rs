@@ -122,6 +122,17 @@ impl LimitCheck {
         }
     }
 
+    /// How much of the previous window's weight decays between `now_ms` and `span_ms` later
+    /// (never past this window's end): room that frees up with no one's count changing.
+    pub fn freed_within(&self, now_ms: u64, span_ms: u64) -> u64 {
+        let d = self.duration;
+        let elapsed = d.elapsed_ms(d.sequence(now_ms), now_ms);
+        let later = elapsed.saturating_add(span_ms).min(d.as_ms());
+        let previous = self.counts.previous.total();
+        d.previous_weight(previous, elapsed)
+            .saturating_sub(d.previous_weight(previous, later))
+    }
+
     /// Unix ms at which this request would first pass if nothing else arrived: later in this
     /// window once the previous window has decayed enough, else in the next window once this
     /// one has, else two windows on.

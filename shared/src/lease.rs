@@ -13,10 +13,13 @@
 //! Costs, on one key: a lone process far from its limit asks once for a large lease (the
 //! origin lends up to half of what lies above the last quarter of the limit), then once per
 //! lease lifetime (5 s by default) or when it ran out (asking twice the last grant); near the
-//! limit leases shrink and the last units are decided at the origin nearly one by one.
-//! An idle process's unused lease holds back at most half of what was left, for at most the
-//! lease lifetime plus [`LEASE_GRACE_MS`].
+//! limit leases shrink and, shared by several processes, the last units are decided at the
+//! origin nearly one by one. A process alone on a key is also lent the room the sliding
+//! window frees while its lease lasts ([`available`]), so one paced at its limit asks a few
+//! times a window, not every few requests. An idle process's unused lease holds back at most
+//! half of what was left, for at most the lease lifetime plus [`LEASE_GRACE_MS`].
 
+use crate::ledger::OriginView;
 use crate::policy::Reason;
 
 /// How long the origin keeps reserving a lease after its holder must stop using it: the
@@ -68,7 +71,8 @@ impl LeaseState {
 /// of the limit (a process whose traffic stops strands its lease until it expires or gives
 /// it back). Above it, a lease is up to half of what lies above the zone.
 pub const EXACT_ZONE_DIVISOR: u64 = 4;
-const SMALL_LEASE_DIVISOR: u64 = 20;
+/// Within the exact zone a lease is at most `limit / (SMALL_LEASE_DIVISOR x holders)`.
+pub const SMALL_LEASE_DIVISOR: u64 = 20;
 
 /// The origin's grant after a pass that leaves `available` for the caller (what is left,
 /// plus the caller's own lease left over, which the grant replaces), with `holders` live
@@ -81,6 +85,28 @@ pub fn grant(want: u64, available: u64, limit: u64, holders: u64) -> u64 {
     let small = (limit / SMALL_LEASE_DIVISOR.saturating_mul(holders.max(1))).min(available / 2);
     let above = available.saturating_sub(zone) / 2;
     want.min(above.saturating_add(small))
+}
+
+/// What the origin may lend a caller after a pass that leaves `remaining`: that, plus the
+/// caller's own live lease (the grant replaces it, so what it held is free), plus, when the
+/// caller is alone on the key ([`OriginView::alone`]), the room the previous window's decay
+/// frees before the lease ends.
+///
+/// Lending room that is not there yet is safe for a lone holder: each of its local passes is
+/// also checked against its own view of the window (the region's count when the lease was
+/// granted plus its own passes since), which for it is the whole truth, so it cannot admit
+/// that room before the decay frees it; and every other process decides here, against the
+/// holder's whole reservation. Shared by several holders the same room would be admitted by
+/// each of them at once, so they get only what is free now. At a key paced at its limit
+/// this is the difference between a round trip every few requests (the room freed between
+/// two of them) and one a lease.
+pub fn available(remaining: u64, view: &OriginView, now_ms: u64, lease_ms: u64) -> u64 {
+    let freed = if view.alone {
+        view.check.freed_within(now_ms, lease_ms)
+    } else {
+        0
+    };
+    remaining.saturating_add(view.mine).saturating_add(freed)
 }
 
 /// Until when (origin clock) the origin reserves a lease granted at `now_ms` for

@@ -1,17 +1,18 @@
 //! The embedded origin: the region's cells in the gateway's own memory, for a single gateway
 //! that needs no Redis. Same contract as Redis: one [`CellLedger`] per cell (own counts per
 //! process merged with `max`, live leases), expiring three windows after its first write, and
-//! atomic decisions under one lock.
+//! atomic decisions under one lock: the core's [`ledger::decide`], which the Redis decide
+//! script ports.
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
-use strata_core::ledger::{CellLedger, Counted, origin_check};
-use strata_core::{LimitCheck, WindowKey, WindowKeyRef, decide_all, lease};
+use strata_core::ledger::{self, CellLedger, Ledgers};
+use strata_core::{WindowKey, WindowKeyRef, lease};
 
-use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, DecideOutcome, Replayed};
+use super::{CellRead, CellUsed, DecideAnswer, DecideLimit, Replayed};
 
 #[derive(Debug)]
 struct Cell {
@@ -110,6 +111,12 @@ impl Cells {
     }
 }
 
+impl Ledgers for Cells {
+    fn ledger(&mut self, key: WindowKeyRef<'_>, sequence: u64, now_ms: u64) -> &mut CellLedger {
+        Cells::ledger(self, key, sequence, now_ms)
+    }
+}
+
 /// Ledgers per `(window key, sequence)`.
 #[derive(Debug, Default)]
 pub struct MemoryOrigin {
@@ -173,84 +180,7 @@ impl MemoryOrigin {
         now_ms: u64,
         lease_ms: u64,
     ) -> DecideAnswer {
-        let mut state = self.lock();
-        let mut mine_leases = Vec::with_capacity(limits.len());
-        let checks: Vec<LimitCheck> = limits
-            .iter()
-            .map(|l| {
-                let key = l.key;
-                let sequence = key.duration().sequence(now_ms);
-                let current = state.ledger(key, sequence, now_ms);
-                current.merge_own(instance, l.used[0]);
-                current.undo(instance, l.undo_from);
-                current.raise(l.floor[0]);
-                if l.release > 0 {
-                    current.release(instance, l.release);
-                }
-                let prev = sequence.saturating_sub(1);
-                let mut previous = std::mem::take(state.ledger(key, prev, now_ms));
-                previous.merge_own(instance, l.used[1]);
-                previous.raise(l.floor[1]);
-                let current = state.ledger(key, sequence, now_ms);
-                let (check, mine) = origin_check(
-                    current,
-                    &mut previous,
-                    instance,
-                    l.global,
-                    l.key.duration(),
-                    l.limit,
-                    l.cost,
-                    now_ms,
-                );
-                *state.ledger(key, prev, now_ms) = previous;
-                mine_leases.push(mine);
-                check
-            })
-            .collect();
-        let multi = decide_all(&checks, now_ms, |i, j| {
-            limits.get(i).map(|l| l.key) == limits.get(j).map(|l| l.key)
-        });
-        let until = lease::reserved_until(now_ms, lease_ms);
-        let outcomes = limits
-            .iter()
-            .zip(&multi.decisions)
-            .zip(&mine_leases)
-            .map(|((l, decision), mine)| {
-                let sequence = l.key.duration().sequence(now_ms);
-                let previous = state.count(l.key, sequence.saturating_sub(1), now_ms);
-                let current = state.ledger(l.key, sequence, now_ms);
-                let (mut granted, mut lease_id) = (0, 0);
-                if multi.success {
-                    current.add(l.cost);
-                    // The caller's live lease is raised, not added to: what it held is free.
-                    let available = decision.remaining.saturating_add(*mine);
-                    let holders = current.holders(instance, now_ms);
-                    let grant = lease::grant(l.want, available, l.limit, holders);
-                    (granted, lease_id) = current.lease(instance, grant, now_ms, until);
-                    current.record(
-                        instance,
-                        Counted {
-                            call: l.call,
-                            cost: l.cost,
-                            lease_id,
-                        },
-                    );
-                }
-                DecideOutcome {
-                    decision: *decision,
-                    sequence,
-                    current: current.count(),
-                    previous,
-                    used: current.own(instance),
-                    lease: granted,
-                    lease_id,
-                }
-            })
-            .collect();
-        DecideAnswer {
-            success: multi.success,
-            limits: outcomes,
-        }
+        ledger::decide(&mut *self.lock(), instance, limits, now_ms, lease_ms)
     }
 
     /// Drops expired cells; returns how many, and where the next step goes on (`None`: the

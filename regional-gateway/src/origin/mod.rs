@@ -53,62 +53,7 @@ impl OriginError {
 /// One cell to read: a window key and a sequence.
 pub type CellRead<'a> = (WindowKeyRef<'a>, u64);
 
-/// One limit of an origin decision.
-#[derive(Clone, Copy, Debug)]
-pub struct DecideLimit<'a> {
-    /// The window key.
-    pub key: WindowKeyRef<'a>,
-    /// Allowed cost per window.
-    pub limit: u64,
-    /// The request's cost.
-    pub cost: u64,
-    /// The caller's own cumulative counts of the origin's current and previous cells
-    /// (already mapped onto the origin's sequence: [`strata_core::ledger::used_on`]).
-    pub used: [u64; 2],
-    /// The lease asked for beyond the cost.
-    pub want: u64,
-    /// The id of an expired lease the caller gives back (0: none).
-    pub release: u64,
-    /// This call's id (0: none): the origin remembers the last it counted per caller.
-    pub call: u64,
-    /// Undo what the caller's calls from this id on counted (0: nothing).
-    pub undo_from: u64,
-    /// The other regions' counts of the current and previous cells, as the gateway imported
-    /// them from the global table.
-    pub global: [u64; 2],
-    /// This region's own counts of the current and previous cells as the global table holds
-    /// them: a floor the origin's count is raised to (an origin that lost its data, or a new
-    /// embedded one, counts from what the region already published).
-    pub floor: [u64; 2],
-}
-
-/// The origin's verdict on one limit.
-#[derive(Clone, Copy, Debug)]
-pub struct DecideOutcome {
-    /// This limit's own verdict (counted only if the whole request passed).
-    pub decision: strata_core::Decision,
-    /// The current sequence on the gateway's clock.
-    pub sequence: u64,
-    /// The current cell's regional count after the decision.
-    pub current: u64,
-    /// The previous cell's regional count.
-    pub previous: u64,
-    /// The caller's own cumulative count of the current cell after the decision.
-    pub used: u64,
-    /// The lease granted.
-    pub lease: u64,
-    /// Its id (0: none).
-    pub lease_id: u64,
-}
-
-/// The origin's answer to a decision request.
-#[derive(Clone, Debug)]
-pub struct DecideAnswer {
-    /// Whether every limit passed and all were counted.
-    pub success: bool,
-    /// One outcome per limit, in request order.
-    pub limits: Vec<DecideOutcome>,
-}
+pub use strata_core::ledger::{DecideAnswer, DecideLimit, DecideOutcome};
 
 /// A process's own cumulative count of one cell, to merge with `max`.
 #[derive(Clone, Copy, Debug)]

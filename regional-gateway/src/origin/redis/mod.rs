@@ -162,7 +162,8 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want, how
 /// long a lease is reserved (ms, on Redis's clock), dry (1: never count), current global,
 /// previous global, the id of the lease given back (0: none), this region's published counts
-/// of the current and previous cells, undo from (0: nothing), this call's id (0: none).
+/// of the current and previous cells, undo from (0: nothing), this call's id (0: none), how
+/// long a lease may be used (ms).
 /// Returns {ok, current count, previous count, own count, lease, current reserved,
 /// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
 ///
@@ -279,6 +280,8 @@ if undo_from > 0 then
       if undone > 0 then set(1, {'n', string.format('%d', num(1, 'n') - undone)}) end
       release(string.sub(rec, c2 + 1))
       del(1, 'u:' .. inst)
+      -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
+      if h[1]['o:' .. inst] == nil and h[1]['i:' .. inst] == nil then set(1, {'o:' .. inst, '0'}) end
     end
   end
 end
@@ -301,6 +304,16 @@ local used = cur + rc + cg + muldiv(prev + rp + pg, d - elapsed, d)
 local ok = 0
 if limit > 0 and used + cost <= limit then ok = 1 end
 local lease, lease_id, before = 0, 0, ''
+-- CellLedger::written_by_others on cell i: another process's own count, lease id or call
+local function written_by_others(i)
+  for f in pairs(h[i]) do
+    local p = string.sub(f, 1, 2)
+    if (p == 'o:' or p == 'i:' or p == 'u:') and string.sub(f, 3) ~= inst then return true end
+  end
+  return false
+end
+-- CellLedger::contend: a denied caller is recorded as writing to the cell (own count 0)
+if ok == 0 and h[1]['o:' .. inst] == nil then set(1, {'o:' .. inst, '0'}) end
 if ok == 1 and ARGV[10] ~= '1' then
   -- the cell's writes, one HSET: a pass decided here is counted in the region's count only
   -- (no one replays it)
@@ -309,11 +322,19 @@ if ok == 1 and ARGV[10] ~= '1' then
     cur = cur + cost
     fv[1], fv[2] = 'n', string.format('%d', cur)
   end
-  -- lease::grant: half of what lies above the last quarter, plus a small share; the
-  -- caller's live lease is raised, not added to, so what it held is available to it
+  -- lease::available: the caller's live lease is raised, not added to, so what it held is
+  -- available to it; a caller alone on the key is also lent the room the previous window's
+  -- decay frees before the lease ends (ARGV[18], the lease's lifetime)
   local available = limit - used - cost + mine
-  local small = math.min(math.floor(limit / (20 * holders)), math.floor(available / 2))
-  local above = math.floor(math.max(available - math.floor(limit / 4), 0) / 2)
+  if others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2) then
+    local p = prev + rp + pg
+    local later = math.min(elapsed + tonumber(ARGV[18]), d)
+    available = available + muldiv(p, d - elapsed, d) - muldiv(p, d - later, d)
+  end
+  -- lease::grant: half of what lies above the last part of the limit, plus a small share
+  -- (the divisors are the core's, written in when the script is built)
+  local small = math.min(math.floor(limit / (SMALL_LEASE_DIVISOR * holders)), math.floor(available / 2))
+  local above = math.floor(math.max(available - math.floor(limit / EXACT_ZONE_DIVISOR), 0) / 2)
   local grant = math.min(tonumber(ARGV[8]), above + small)
   local own = num(1, 'o:' .. inst)
   local ceiling = math.max(own + mine, own + grant)
@@ -340,6 +361,20 @@ for i = 1, 4 do
 end
 return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, rp, lease_id, before}
 "#;
+
+/// The decide script with the core's lease constants written in, so the port cannot drift
+/// from [`strata_core::lease::grant`] by a number (a name left unreplaced is a Lua error).
+fn decide_lua() -> String {
+    format!("{LEASE_LUA}{DECIDE_LUA}")
+        .replace(
+            "SMALL_LEASE_DIVISOR",
+            &strata_core::lease::SMALL_LEASE_DIVISOR.to_string(),
+        )
+        .replace(
+            "EXACT_ZONE_DIVISOR",
+            &strata_core::lease::EXACT_ZONE_DIVISOR.to_string(),
+        )
+}
 
 /// Version prefix of every key, so a future encoding can live beside this one.
 const PREFIX: &str = "strata:";
@@ -448,7 +483,7 @@ impl RedisOrigin {
     fn over(link: Link) -> Self {
         Self {
             link,
-            decide: redis::Script::new(&format!("{LEASE_LUA}{DECIDE_LUA}")),
+            decide: redis::Script::new(&decide_lua()),
             replay: redis::Script::new(&format!(
                 "{LEASE_LUA}{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}"
             )),
@@ -523,6 +558,7 @@ impl RedisOrigin {
                 .arg(l.floor[1])
                 .arg(l.undo_from)
                 .arg(l.call)
+                .arg(lease_ms)
                 .invoke_async(conn)
                 .await;
             let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {

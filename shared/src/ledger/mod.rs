@@ -16,6 +16,10 @@ use alloc::vec::Vec;
 use crate::decision::{Counts, LimitCheck, WindowCounts};
 use crate::window::WindowDuration;
 
+mod decide;
+
+pub use decide::{DecideAnswer, DecideLimit, DecideOutcome, Ledgers, decide};
+
 /// One process's lease on a cell: it may admit up to `ceiling` (its own count) locally.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -227,6 +231,18 @@ impl CellLedger {
         }
     }
 
+    /// Whether a process other than `instance` wrote to the cell: counted a pass, held a
+    /// lease, or was denied here ([`contend`](Self::contend)).
+    pub fn written_by_others(&self, instance: &str) -> bool {
+        self.holders.iter().any(|h| h.instance != instance)
+    }
+
+    /// Records that `instance` wants the cell though it was denied here, so no other process
+    /// is lent future room on it as if alone.
+    pub fn contend(&mut self, instance: &str) {
+        self.writer(instance);
+    }
+
     /// Leases held, live or not yet found expired.
     pub fn leases(&self) -> usize {
         self.holders.iter().filter(|h| h.lease.is_some()).count()
@@ -244,9 +260,23 @@ impl CellLedger {
     }
 }
 
-/// The check an origin decides one limit of `instance` with, and the caller's own live lease
-/// (a new grant raises it rather than adding to it): both cells' counts with every live
-/// lease as used, and the other regions' imported counts.
+/// What an origin decides one limit of a caller with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginView {
+    /// Both cells' counts with every live lease as used, and the other regions' imported
+    /// counts.
+    pub check: LimitCheck,
+    /// The caller's own live lease left on the current cell: a new grant raises it rather
+    /// than adding to it.
+    pub mine: u64,
+    /// Whether no other process wrote to either cell (passed, held a lease, or was denied
+    /// there): then whatever the others admit is decided here, against the caller's whole
+    /// reservation, and none of them is likely to be waiting (a key several processes served
+    /// last window is shared from the start of the next).
+    pub alone: bool,
+}
+
+/// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the way.
 #[allow(clippy::too_many_arguments)]
 pub fn origin_check(
     current: &mut CellLedger,
@@ -257,7 +287,7 @@ pub fn origin_check(
     limit: u64,
     cost: u64,
     now_ms: u64,
-) -> (LimitCheck, u64) {
+) -> OriginView {
     let (others, mine) = current.reserved(instance, now_ms);
     let (prev_others, prev_mine) = previous.reserved(instance, now_ms);
     let check = LimitCheck {
@@ -278,7 +308,14 @@ pub fn origin_check(
         limit,
         cost,
     };
-    (check, mine)
+    OriginView {
+        check,
+        mine,
+        alone: others == 0
+            && prev_others == 0
+            && !current.written_by_others(instance)
+            && !previous.written_by_others(instance),
+    }
 }
 
 /// Where a caller's own counts of its cells `caller_sequence` and the one before fall on the

@@ -463,10 +463,26 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     );
 }
 
-/// The replay loop's pacing: keys far under the publish floor, their cost under a live lease,
-/// reach the origin on one pass in ten (each once, on its own turn); a key over the floor on
-/// every pass; nothing is lost: a full replay afterwards leaves the origin holding every pass.
+/// The replay loop's pacing, with another region live: keys far under the publish floor,
+/// their cost under a live lease, reach the origin on one pass in ten (each once, on its own
+/// turn); a key over the floor on every pass; nothing is lost: a full replay afterwards leaves
+/// the origin holding every pass. (Alone, the floor holds nothing back: see
+/// `shared/tests/table.rs`.)
 async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass(g: TestGateway) {
+    let global = &g.gateway.limiter.global;
+    // Alone only once two announcements in a row found no other region.
+    assert!(!global.alone());
+    assert_eq!(global.announce(T0, 30_000).await.unwrap(), 1);
+    assert!(
+        !global.alone(),
+        "another may have started and not announced yet"
+    );
+    global.announce(T0 + 1, 30_000).await.unwrap();
+    assert!(global.alone());
+    let other = strata_core::Region::new("elsewhere").unwrap();
+    global.store.announce(&other, T0 + 2, 0).await.unwrap();
+    assert_eq!(global.announce(T0 + 2, 30_000).await.unwrap(), 2);
+    assert!(!global.alone());
     let quiet: Vec<String> = (0..5).map(|i| format!("quiet-{i}")).collect();
     // 20% of 100 is the floor: 25 passes put "busy" over it.
     for _ in 0..25 {

@@ -134,13 +134,13 @@ impl WindowState {
     }
 
     /// [`take_replay_events`](Self::take_replay_events), holding the current cell's event
-    /// back while the cell [`is_quiet`](Self::is_quiet) under `hold` (its policy and margin).
+    /// back while the cell [`is_quiet`](Self::is_quiet) under `hold`.
     fn take_replay_events_paced(
         &mut self,
         key: &WindowKey,
         now_ms: u64,
         renew_within: u64,
-        hold: Option<(PublishPolicy, u64)>,
+        hold: Option<&QuietPace>,
         events: &mut Vec<ReplayEvent>,
     ) -> bool {
         let idle = self.idle_lease(now_ms);
@@ -163,9 +163,8 @@ impl WindowState {
         } else {
             0
         };
-        let wait = released == 0
-            && renew == 0
-            && hold.is_some_and(|(publish, margin)| self.is_quiet(now_ms, publish, margin));
+        let wait =
+            released == 0 && renew == 0 && hold.is_some_and(|pace| self.is_quiet(now_ms, pace));
         for (sequence, cell) in self.cells() {
             let (release, renew) = if sequence == self.sequence() {
                 (released, renew)
@@ -193,18 +192,30 @@ impl WindowState {
 
 impl WindowState {
     /// Whether the current cell's unreplayed own cost may wait for a later replay pass: all of
-    /// it lies under a live lease that is not within `margin_ms` of its end (the origin keeps
-    /// reserving it for this process, so no other process of the region can spend it
-    /// meanwhile), and no other region needs the count yet: none published the cell, and the
-    /// region's count as this process knows it (its waiting cost included) is under
-    /// `publish`'s threshold, so the cost waiting here makes no count publishable.
-    pub fn is_quiet(&self, now_ms: u64, publish: PublishPolicy, margin_ms: u64) -> bool {
+    /// it lies under a live lease (the origin keeps reserving it for this process, so no other
+    /// process of the region can spend it meanwhile) that is not within the pace's margin of
+    /// its end, and no other region needs the count yet: none published the cell, and either
+    /// no other region is live to import it (`pace.publish` is `None`) or the region's count
+    /// as this process knows it (its waiting cost included) is under the publish threshold,
+    /// so the cost waiting here makes no count publishable.
+    ///
+    /// A lease far from the limit keeps the renewal window in its margin (its renewal rides on
+    /// a replay); one near the limit is not renewed, and its cost only has to reach the origin
+    /// before the reservation's grace runs out, which the first pass after the lease's end
+    /// does: its margin is one pass.
+    pub fn is_quiet(&self, now_ms: u64, pace: &QuietPace) -> bool {
         let cell = self.current();
+        let margin = if self.lease_is_far(now_ms) {
+            pace.margin_ms
+        } else {
+            pace.interval_ms
+        };
         cell.own() <= cell.grant
-            && now_ms.saturating_add(margin_ms) < cell.lease_until()
-            && now_ms >= self.strict_until()
+            && now_ms.saturating_add(margin) < cell.lease_until()
             && cell.counts().global == 0
-            && cell.counts().regional < publish.threshold(self.limit())
+            && pace
+                .publish
+                .is_none_or(|p| cell.counts().regional < p.threshold(self.limit()))
     }
 }
 
@@ -219,12 +230,15 @@ pub struct QuietPace {
     /// Which pass this is (the shell counts its replay ticks; batches sent back to back in
     /// one tick are one pass, so a full batch does not bring the next turn early).
     pub pass: u32,
-    /// The publish policy the region flushes by now (its floor shared by the live regions).
-    pub publish: PublishPolicy,
-    /// A cell whose lease ends within this many ms goes at once: at least the renewal window
-    /// and one pass interval, so a quiet cell's cost reaches the origin before its lease
-    /// stops reserving it there.
+    /// The publish policy the region flushes by now (its floor shared by the live regions);
+    /// `None` while no other region is live to import this one's counts.
+    pub publish: Option<PublishPolicy>,
+    /// A cell whose lease far from the limit ends within this many ms goes at once: the
+    /// renewal window and one pass interval, so its renewal is sent and its cost reaches the
+    /// origin before its lease stops reserving it there.
     pub margin_ms: u64,
+    /// The time between two passes: the margin of a lease near the limit.
+    pub interval_ms: u64,
 }
 
 /// The last quarter of a lease of `lease_ms`, in which a lease in use is renewed (1.25 s of
@@ -243,13 +257,14 @@ impl QuietPace {
     /// whose origin grants leases of `lease_ms`: a quiet cell goes on one pass in
     /// [`QUIET_REPLAY_MS`], and never waits within the renewal window (the last quarter of a
     /// lease) plus one pass of its lease's end.
-    pub fn new(pass: u32, interval_ms: u64, publish: PublishPolicy, lease_ms: u64) -> Self {
+    pub fn new(pass: u32, interval_ms: u64, publish: Option<PublishPolicy>, lease_ms: u64) -> Self {
         let passes = QUIET_REPLAY_MS / interval_ms.max(1);
         Self {
             passes: u32::try_from(passes).unwrap_or(u32::MAX).max(1),
             pass,
             publish,
             margin_ms: renewal_window(lease_ms).saturating_add(interval_ms),
+            interval_ms,
         }
     }
 }
@@ -298,15 +313,13 @@ impl CounterTable {
             let live = slab.is_live(i);
             let slot = &mut slab.slots[i];
             // Not this slot's turn: a quiet cell waits.
-            let hold = pace
-                .filter(|p| turn.wrapping_add(p.pass) % p.passes.max(1) != 0)
-                .map(|p| (p.publish, p.margin_ms));
+            let hold = pace.filter(|p| turn.wrapping_add(p.pass) % p.passes.max(1) != 0);
             if !(live
                 && slot.state.take_replay_events_paced(
                     &slot.key,
                     now_ms,
                     renew_within,
-                    hold,
+                    hold.as_ref(),
                     &mut events,
                 ))
             {

@@ -618,6 +618,22 @@ fn a_lease_in_use_is_renewed_by_the_replay_in_the_last_quarter_of_its_lifetime()
     assert!(unused.events.iter().all(|e| e.renew == 0), "{unused:?}");
 }
 
+/// Decides a new `key` of limit 1,000 at `T0` at a scripted origin that answers a count of
+/// `regional` and grants `lease`.
+fn counted_at_origin(t: &mut CounterTable, key: WindowKeyRef<'_>, regional: u64, lease: u64) {
+    let Step::Origin(plan) = t.check(key, 1_000, 1, T0) else {
+        panic!("a new key is decided at the origin");
+    };
+    let request = LimitRequest {
+        key,
+        limit: 1_000,
+        cost: 1,
+    };
+    let call = OriginCall::single(request, plan);
+    let answer = granted(&plan, 1_000, regional, lease);
+    assert!(t.finish(&call, &[answer], T0).unwrap().success);
+}
+
 /// A paced replay holds a quiet cell's cost back until its turn (one pass in `passes`,
 /// staggered over the table), and sends at once a cell near the publish floor or near its
 /// lease's end; an unpaced replay sends everything.
@@ -631,19 +647,9 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
         warm(&mut t, k, 1_000_000, 100); // a count of 1: far under 20% of 1,000,000
     }
     // A count of 300: over 20% of 1,000, the publish floor.
-    let Step::Origin(plan) = t.check(near, 1_000, 1, T0) else {
-        panic!("a new key is decided at the origin");
-    };
-    let request = LimitRequest {
-        key: near,
-        limit: 1_000,
-        cost: 1,
-    };
-    let call = OriginCall::single(request, plan);
-    let answer = granted(&plan, 1_000, 300, 100);
-    assert!(t.finish(&call, &[answer], T0).unwrap().success);
+    counted_at_origin(&mut t, near, 300, 100);
     // Every 100 ms under 5 s leases: one pass in ten, never within 1.35 s of a lease's end.
-    let mut pace = QuietPace::new(0, 100, PublishPolicy::default(), 5_000);
+    let mut pace = QuietPace::new(0, 100, Some(PublishPolicy::default()), 5_000);
     assert_eq!((pace.passes, pace.margin_ms), (10, 1_350));
     let mut seen = std::collections::HashMap::<String, Vec<u64>>::new();
     for pass in 1..=10 {
@@ -699,16 +705,53 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
         held
     };
     assert_eq!(gone.len(), 1, "within the margin of its lease's end");
+    assert!(!t.get(quiet[0]).unwrap().is_quiet(late, &pace));
+    assert!(t.get(quiet[0]).unwrap().is_quiet(late - 1, &pace));
+}
+
+/// With no other region live to import the region's count, a cell over the publish floor and
+/// near its limit is paced like a quiet one, up to one pass before its lease ends (it is not
+/// renewed; the pass after the end delivers within the origin's grace); with another region
+/// live it goes on every pass.
+#[test]
+fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let k = WindowKeyRef::new("ws", "ns", "near", minute).unwrap();
+    // 800 of 1,000 counted, a lease of 100, one local pass since: over the floor, near the
+    // limit, with cost to replay.
+    let setup = || {
+        let mut t = small(100);
+        counted_at_origin(&mut t, k, 800, 100);
+        assert!(matches!(t.check(k, 1_000, 1, T0 + 1), Step::Decided(d) if d.success));
+        t
+    };
+    let state = *setup().get(k).unwrap();
+    assert!(!state.lease_is_far(T0 + 1));
+    let alone = QuietPace::new(1, 100, None, 5_000);
+    let shared = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000);
+    let end = state.current().lease_until();
+    assert!(state.is_quiet(T0 + 100, &alone));
     assert!(
-        !t.get(quiet[0])
-            .unwrap()
-            .is_quiet(late, pace.publish, pace.margin_ms)
+        !state.is_quiet(T0 + 100, &shared),
+        "another region imports it"
     );
+    assert!(state.is_quiet(end - 101, &alone));
     assert!(
-        t.get(quiet[0])
-            .unwrap()
-            .is_quiet(late - 1, pace.publish, pace.margin_ms)
+        !state.is_quiet(end - 100, &alone),
+        "within one pass of the end"
     );
+    // On a pass that is not the slot's turn: held back alone, sent with another region.
+    let passes_held = |pace: QuietPace| {
+        (1..=10)
+            .filter(|&pass| {
+                let mut t = setup();
+                let paced = Some(QuietPace { pass, ..pace });
+                t.take_replay_from(1_000, T0 + 100, paced, 0).0.is_empty()
+            })
+            .count()
+    };
+    assert_eq!(passes_held(alone), 9, "one pass in ten");
+    assert_eq!(passes_held(shared), 0, "every pass");
 }
 
 #[test]

@@ -120,6 +120,10 @@ pub struct Global {
     pub publish_soon: tokio::sync::Notify,
     /// Regions seen publishing lately (at least this one): the floor is divided among them.
     regions: std::sync::atomic::AtomicU64,
+    /// Whether the last announcement found no other region live, and the one before too:
+    /// one is not enough, as a region that started beside this one may not have announced
+    /// yet.
+    alone: [std::sync::atomic::AtomicBool; 2],
     /// What the next sync reads.
     plan: Mutex<SyncPlan>,
 }
@@ -178,6 +182,7 @@ impl Global {
             breaker: crate::breaker::Breaker::default(),
             publish_soon: tokio::sync::Notify::new(),
             regions: std::sync::atomic::AtomicU64::new(1),
+            alone: Default::default(),
             plan: Mutex::new(SyncPlan::new(
                 u64::try_from(full_sync_every.as_millis()).unwrap_or(u64::MAX),
             )),
@@ -201,7 +206,18 @@ impl Global {
             .guarded(self.store.announce(&self.region, now_ms, since))
             .await?;
         self.regions.store(regions, Ordering::Relaxed);
+        let [last, before] = &self.alone;
+        before.store(
+            last.swap(regions <= 1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         Ok(regions)
+    }
+
+    /// Whether no other region imports this one's counts: the last two announcements found
+    /// none live (until then, and whenever one is, the counts are wanted elsewhere).
+    pub fn alone(&self) -> bool {
+        self.alone.iter().all(|a| a.load(Ordering::Relaxed))
     }
 
     /// Whether the database breaker refuses calls.

@@ -244,12 +244,10 @@ impl Limiter {
     /// workers, a pass stretches (every waiting request runs between two batches), and one
     /// nearing the interval says the replay is falling behind.
     pub async fn replay_tick(&self, pass: u32, interval_ms: u64) -> ReplayTick {
-        let pace = QuietPace::new(
-            pass,
-            interval_ms,
-            self.global.policy(),
-            self.origin.lease_ms(),
-        );
+        // Alone, the region's counts are imported by no one: the publish floor does not
+        // hold a cell's cost back from the pace.
+        let publish = (!self.global.alone()).then(|| self.global.policy());
+        let pace = QuietPace::new(pass, interval_ms, publish, self.origin.lease_ms());
         let started = std::time::Instant::now();
         let mut tick = ReplayTick {
             delivered: true,

@@ -89,7 +89,8 @@ pub fn grant(want: u64, available: u64, limit: u64, holders: u64) -> u64 {
 
 /// What the origin may lend a caller after a pass that leaves `remaining`: that, plus the
 /// caller's own live lease (the grant replaces it, so what it held is free), plus, when the
-/// caller is alone on the key ([`OriginView::alone`]), the room the previous window's decay
+/// caller is alone on the key ([`OriginView::alone`]: the only writer of its cells in every
+/// region), the room the previous window's decay
 /// frees before the lease ends.
 ///
 /// Lending room that is not there yet is safe for a lone holder: each of its local passes is

@@ -270,9 +270,9 @@ pub struct OriginView {
     /// than adding to it.
     pub mine: u64,
     /// Whether no other process wrote to either cell (passed, held a lease, or was denied
-    /// there): then whatever the others admit is decided here, against the caller's whole
-    /// reservation, and none of them is likely to be waiting (a key several processes served
-    /// last window is shared from the start of the next).
+    /// there) and no other region counted any: then whatever the others admit is decided
+    /// here, against the caller's whole reservation, and none of them is likely to be waiting
+    /// (a key several processes served last window is shared from the start of the next).
     pub alone: bool,
 }
 
@@ -311,7 +311,8 @@ pub fn origin_check(
     OriginView {
         check,
         mine,
-        alone: others == 0
+        alone: global == [0, 0]
+            && others == 0
             && prev_others == 0
             && !current.written_by_others(instance)
             && !previous.written_by_others(instance),

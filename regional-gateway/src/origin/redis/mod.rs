@@ -326,7 +326,7 @@ if ok == 1 and ARGV[10] ~= '1' then
   -- available to it; a caller alone on the key is also lent the room the previous window's
   -- decay frees before the lease ends (ARGV[18], the lease's lifetime)
   local available = limit - used - cost + mine
-  if others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2) then
+  if cg == 0 and pg == 0 and others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2) then
     local p = prev + rp + pg
     local later = math.min(elapsed + tonumber(ARGV[18]), d)
     available = available + muldiv(p, d - elapsed, d) - muldiv(p, d - later, d)

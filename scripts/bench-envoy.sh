@@ -29,9 +29,7 @@ FILTER_CONFIG=${FILTER_CONFIG:-}
 envoy=wasm-tests/envoy-venv/bin/envoy
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 strata="$PWD/envoy-wasm/dist/strata_envoy.wasm"
-for need in "$envoy" "$gateway" "$strata"; do
-  [ -e "$need" ] || { echo "missing $need: run the test command, then the build lines above" >&2; exit 1; }
-done
+require_built "run the test command, then the build lines above" "$envoy" "$gateway" "$strata"
 command -v wrk >/dev/null || apt_install wrk
 (cd bench/noop-filter && CARGO_TARGET_DIR="$CARGO_TARGET_DIR/noop-filter" \
   cargo build -q --release --target wasm32-wasip1)

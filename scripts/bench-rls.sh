@@ -28,9 +28,7 @@ ZIPF_S=${ZIPF_S:-1.1}
 envoy=wasm-tests/envoy-venv/bin/envoy
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 strata="$PWD/envoy-wasm/dist/strata_envoy.wasm"
-for need in "$envoy" "$gateway" "$strata"; do
-  [ -e "$need" ] || { echo "missing $need: run the test command, then the build lines above" >&2; exit 1; }
-done
+require_built "run the test command, then the build lines above" "$envoy" "$gateway" "$strata"
 command -v wrk >/dev/null || apt_install wrk
 
 work=$(mktemp -d)

@@ -26,9 +26,7 @@ PHASE=${PHASE:-20}
 SYNC_FULL=${SYNC_FULL:-60s}
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 loadgen="$CARGO_TARGET_DIR/release/examples/loadgen"
-for need in "$gateway" "$loadgen"; do
-  [ -x "$need" ] || { echo "missing $need: run the build line above" >&2; exit 1; }
-done
+require_built "run the build line above" "$gateway" "$loadgen"
 mysql -uroot -h127.0.0.1 -e 'SELECT 1' >/dev/null || { echo "MariaDB is not on 127.0.0.1:3306 (the test command starts it)" >&2; exit 1; }
 
 db="strata_bench_sync_$$"

@@ -52,3 +52,12 @@ read_wrk() {
   line=$(grep '^WRK ' <<<"$1") || { echo "$1" >&2; return 1; }
   eval "$(sed 's/^WRK //' <<<"$line")"
 }
+
+# Fails with what to build when a file a script needs is not there: require_built HINT FILE...
+require_built() {
+  local hint=$1
+  shift
+  for need in "$@"; do
+    [ -e "$need" ] || { echo "missing $need: $hint" >&2; exit 1; }
+  done
+}

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use strata_core::ledger::{self, CellLedger, DecideLimit, Ledgers, used_on};
+use strata_core::ledger::{self, CellLedger, DecideLimit, Ledgers};
 use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
 use strata_core::wire::{
@@ -64,21 +64,7 @@ impl Origin {
         let limits = req.validate("ws").unwrap();
         let limits: Vec<DecideLimit<'_>> = limits
             .iter()
-            .map(|l| {
-                let seq = l.limit.key.duration().sequence(now);
-                DecideLimit {
-                    key: l.limit.key,
-                    limit: l.limit.limit,
-                    cost: l.limit.cost,
-                    used: used_on(seq, l.sequence.unwrap_or(seq), l.used),
-                    want: l.want,
-                    release: l.release,
-                    call: l.call,
-                    undo_from: l.undo_from,
-                    global: [0, 0],
-                    floor: [0, 0],
-                }
-            })
+            .map(|l| DecideLimit::new(l, now, [0, 0], [0, 0]))
             .collect();
         let answer = ledger::decide(&mut self.cells, &req.instance, &limits, now, LEASE_MS);
         let results: Vec<DecideResult> = answer

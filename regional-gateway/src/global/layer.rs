@@ -120,10 +120,9 @@ pub struct Global {
     pub publish_soon: tokio::sync::Notify,
     /// Regions seen publishing lately (at least this one): the floor is divided among them.
     regions: std::sync::atomic::AtomicU64,
-    /// Whether the last announcement found no other region live, and the one before too:
-    /// one is not enough, as a region that started beside this one may not have announced
-    /// yet.
-    alone: [std::sync::atomic::AtomicBool; 2],
+    /// How many announcements in a row found no other region live: one is not enough to
+    /// call the region alone, as a region that started beside it may not have announced yet.
+    alone_streak: std::sync::atomic::AtomicU32,
     /// What the next sync reads.
     plan: Mutex<SyncPlan>,
 }
@@ -182,7 +181,7 @@ impl Global {
             breaker: crate::breaker::Breaker::default(),
             publish_soon: tokio::sync::Notify::new(),
             regions: std::sync::atomic::AtomicU64::new(1),
-            alone: Default::default(),
+            alone_streak: std::sync::atomic::AtomicU32::new(0),
             plan: Mutex::new(SyncPlan::new(
                 u64::try_from(full_sync_every.as_millis()).unwrap_or(u64::MAX),
             )),
@@ -206,18 +205,18 @@ impl Global {
             .guarded(self.store.announce(&self.region, now_ms, since))
             .await?;
         self.regions.store(regions, Ordering::Relaxed);
-        let [last, before] = &self.alone;
-        before.store(
-            last.swap(regions <= 1, Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        if regions <= 1 {
+            self.alone_streak.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.alone_streak.store(0, Ordering::Relaxed);
+        }
         Ok(regions)
     }
 
     /// Whether no other region imports this one's counts: the last two announcements found
     /// none live (until then, and whenever one is, the counts are wanted elsewhere).
     pub fn alone(&self) -> bool {
-        self.alone.iter().all(|a| a.load(Ordering::Relaxed))
+        self.alone_streak.load(Ordering::Relaxed) >= 2
     }
 
     /// Whether the database breaker refuses calls.

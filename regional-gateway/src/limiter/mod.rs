@@ -13,7 +13,6 @@ pub use janitor::{JANITOR_SCAN, ORIGIN_PURGE_STEP, Purged};
 
 use std::sync::Arc;
 
-use strata_core::ledger::used_on;
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
@@ -174,20 +173,8 @@ impl Limiter {
     /// imported counts.
     pub fn origin_limit<'a>(&self, r: &DecideRef<'a>, now_ms: u64) -> DecideLimit<'a> {
         let key = r.limit.key;
-        let sequence = key.duration().sequence(now_ms);
-        let (global, floor) = self.global.imported(key, sequence);
-        DecideLimit {
-            key,
-            limit: r.limit.limit,
-            cost: r.limit.cost,
-            used: used_on(sequence, r.sequence.unwrap_or(sequence), r.used),
-            want: r.want,
-            release: r.release,
-            call: r.call,
-            undo_from: r.undo_from,
-            global,
-            floor,
-        }
+        let (global, floor) = self.global.imported(key, key.duration().sequence(now_ms));
+        DecideLimit::new(r, now_ms, global, floor)
     }
 
     /// An origin decision as `/v1/origin/decide` answers it: recorded in the region's view

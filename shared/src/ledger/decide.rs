@@ -5,10 +5,11 @@
 
 use alloc::vec::Vec;
 
-use super::{CellLedger, Counted, OriginView, origin_check};
+use super::{CellLedger, Counted, OriginView, origin_check, used_on};
 use crate::decision::{Decision, LimitCheck, decide_all};
 use crate::identity::WindowKeyRef;
 use crate::lease;
+use crate::wire::DecideRef;
 
 /// Where an origin keeps its cells' ledgers.
 pub trait Ledgers {
@@ -44,6 +45,28 @@ pub struct DecideLimit<'a> {
     /// them: a floor the origin's count is raised to (an origin that lost its data, or a new
     /// embedded one, counts from what the region already published).
     pub floor: [u64; 2],
+}
+
+impl<'a> DecideLimit<'a> {
+    /// A validated `/v1/origin/decide` limit as the origin decides it at `now_ms`: the
+    /// caller's own counts mapped onto the origin's cells (clocks may straddle a boundary),
+    /// with the other regions' counts and this region's published floor beside them.
+    pub fn new(r: &DecideRef<'a>, now_ms: u64, global: [u64; 2], floor: [u64; 2]) -> Self {
+        let key = r.limit.key;
+        let sequence = key.duration().sequence(now_ms);
+        Self {
+            key,
+            limit: r.limit.limit,
+            cost: r.limit.cost,
+            used: used_on(sequence, r.sequence.unwrap_or(sequence), r.used),
+            want: r.want,
+            release: r.release,
+            call: r.call,
+            undo_from: r.undo_from,
+            global,
+            floor,
+        }
+    }
 }
 
 /// The origin's verdict on one limit.

@@ -19,7 +19,7 @@ use strata_core::origin::OriginAnswer;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin, OriginCall};
 use strata_core::table::{LimitRequest, TooManyLimits};
-use strata_core::{CounterTable, WindowDuration};
+use strata_core::{CounterTable, FailureMode, WindowDuration};
 
 use crate::host::{Host, SetError};
 use crate::shared::{CAS_TRIES, One, REPLAY_KEY, Slots, decode_slot};
@@ -344,6 +344,9 @@ impl<H: Host> Store for Homes<'_, H> {
         }
     }
 
+    fn failure_mode(&self) -> FailureMode {
+        self.state.table.config().origin.failure_mode
+    }
     fn instance(&self, home: Home) -> &str {
         match &self.state.slots {
             Some((_, instance)) if home == SHARED => instance,

@@ -73,7 +73,7 @@ pub struct Gateway {
     /// Token table.
     pub auth: Auth,
     /// The decision flow and the origin.
-    pub limiter: Limiter,
+    pub limiter: Arc<Limiter>,
     /// Every metric `/metrics` exports: the limiter's and the global layer's.
     pub registry: prometheus_client::registry::Registry,
     origin_up: AtomicBool,
@@ -132,6 +132,7 @@ impl Gateway {
             metrics,
             clock,
             global,
+            threads * 4,
         );
         let mut registry = prometheus_client::registry::Registry::default();
         limiter.metrics.register(&mut registry);
@@ -253,14 +254,31 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
     let interval_ms =
         u64::try_from(gateway.settings.replay_interval.as_millis()).unwrap_or(u64::MAX);
     let mut pass: u32 = 0;
+    // After a failed pass the next waits the core's backoff (the interval, doubling, at most
+    // 5 s), as in the Wasm shells: an origin that is away is not sent every batch each tick.
+    let (mut failures, mut resume) = (0_u32, tokio::time::Instant::now());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stopped.changed() => break,
         }
+        if tokio::time::Instant::now() < resume {
+            continue;
+        }
         pass = pass.wrapping_add(1);
-        gateway.limiter.replay_tick(pass, interval_ms).await;
+        if !gateway
+            .limiter
+            .replay_tick(pass, interval_ms)
+            .await
+            .unanswered
+        {
+            failures = 0;
+        } else {
+            failures = failures.saturating_add(1);
+            let wait = strata_core::driver::replay_backoff(interval_ms, failures);
+            resume = tokio::time::Instant::now() + Duration::from_millis(wait);
+        }
     }
     let pending = gateway.limiter.unreplayed();
     while gateway.limiter.unreplayed() > 0 {

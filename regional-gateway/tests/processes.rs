@@ -315,6 +315,53 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     common::conformance::replayed_after_outage("gateway, Redis", admitted, count).await;
 }
 
+/// The conformance table's late-answer row through a gateway process whose Redis answers
+/// every command 250 ms late: eight requests at once on a cold key, the ones the first answer
+/// does not cover make a second call with what is left of their time, and every answer comes
+/// within the origin timeout of its request's arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
+    use common::conformance::{LATE_DELAY, LATE_LIMIT, LATE_TIMEOUT_MS};
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let slow = common::slow::SlowProxy::start(redis.port, LATE_DELAY).await;
+    let url = format!("redis://127.0.0.1:{}", slow.port);
+    let timeout = format!("{LATE_TIMEOUT_MS}ms");
+    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", &timeout]);
+    g.ready(&http).await;
+    let base = g.base.clone();
+    let send = {
+        let (http, base) = (http.clone(), base.clone());
+        move |key| conformance_limit(http.clone(), base.clone(), key, LATE_LIMIT)
+    };
+    // Redis loads the decide script on the first call (two more late round trips than the
+    // timeout allows): keys of their own until a decision comes back from Redis.
+    let decided = || async {
+        let text = common::process::metrics(&http, &base).await;
+        common::process::metric_sum(&text, |l| {
+            l.starts_with("strata_origin_calls_total{")
+                && l.contains("op=\"decide\"")
+                && l.contains("result=\"ok\"")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for i in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "no decision came back from Redis"
+        );
+        send(format!("warm-{i}-{}", std::process::id()))
+            .await
+            .unwrap();
+        if decided().await >= 1.0 {
+            break;
+        }
+    }
+    let key = format!("late-{}", std::process::id());
+    let calls = || common::process::decide_calls(&http, &base);
+    common::conformance::late_answers("gateway", &key, send, calls).await;
+}
+
 /// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
 /// port nothing listens on, or one that never answers: each mode as named, no answer slower
 /// than the origin timeout and a little.

@@ -217,27 +217,34 @@ pub fn begin<S: States>(
     now_ms: u64,
     policy: &OriginPolicy,
 ) -> Begin {
-    let mut plans = Vec::with_capacity(limits.len());
+    // Listed only once a limit needs the origin: a request decided locally allocates nothing.
+    let mut plans: Vec<Option<OriginPlan>> = Vec::new();
     let mut denied = false;
     let mut unreachable = false;
     for (i, l) in limits.iter().enumerate() {
-        let Some(state) = states.state(i) else {
-            plans.push(None); // a shell without the state: decided with the others
-            continue;
-        };
-        let d = l.key.duration();
-        let now_ms = state.roll(d, now_ms);
-        state.observe_limit(l.limit);
-        match state.classify(d, l.limit, l.cost, now_ms) {
-            Verdict::Local(decision) => {
-                denied |= !decision.success;
-                plans.push(None);
+        // A shell without the state: decided with the others.
+        let plan = states.state(i).and_then(|state| {
+            let d = l.key.duration();
+            let now_ms = state.roll(d, now_ms);
+            state.observe_limit(l.limit);
+            match state.classify(d, l.limit, l.cost, now_ms) {
+                Verdict::Local(decision) => {
+                    denied |= !decision.success;
+                    None
+                }
+                Verdict::Origin(plan) => Some(plan),
+                Verdict::Unreachable(_) => {
+                    unreachable = true;
+                    None
+                }
             }
-            Verdict::Origin(plan) => plans.push(Some(plan)),
-            Verdict::Unreachable(_) => {
-                unreachable = true;
-                plans.push(None);
-            }
+        });
+        if plan.is_some() && plans.is_empty() {
+            plans.reserve_exact(limits.len());
+            plans.resize(i, None);
+        }
+        if !plans.is_empty() || plan.is_some() {
+            plans.push(plan);
         }
     }
     if unreachable && !denied {
@@ -250,6 +257,7 @@ pub fn begin<S: States>(
     }
     // All or nothing at the origin: limits the lease covers go too, asking the same lease;
     // every limit gives back the lease it holds (see `OriginPlan::release`).
+    plans.resize(limits.len(), None);
     let limits = limits
         .iter()
         .zip(plans)
@@ -307,20 +315,27 @@ pub fn decide_locally<S: States>(
     limits: &[LimitRequest<'_>],
     now_ms: u64,
 ) -> MultiDecision {
-    let checks: Vec<LimitCheck> = limits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| match states.state(i) {
-            Some(s) => s.prepare(l.key.duration(), l.limit, l.cost, now_ms),
-            None => LimitCheck {
-                counts: crate::decision::WindowCounts::default(),
-                duration: l.key.duration(),
-                limit: 0,
-                cost: l.cost,
-            },
-        })
-        .collect();
-    let multi = decide_all(&checks, now_ms, |i, j| states.same(i, j));
+    let mut check = |i: usize, l: &LimitRequest<'_>| match states.state(i) {
+        Some(s) => s.prepare(l.key.duration(), l.limit, l.cost, now_ms),
+        None => LimitCheck {
+            counts: crate::decision::WindowCounts::default(),
+            duration: l.key.duration(),
+            limit: 0,
+            cost: l.cost,
+        },
+    };
+    let multi = match limits {
+        // One limit, the common case: no list of checks.
+        [one] => decide_all(core::slice::from_ref(&check(0, one)), now_ms, |_, _| true),
+        _ => {
+            let checks: Vec<LimitCheck> = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| check(i, l))
+                .collect();
+            decide_all(&checks, now_ms, |i, j| states.same(i, j))
+        }
+    };
     for (i, decision) in multi.to_apply() {
         if let (Some(l), Some(s)) = (limits.get(i), states.state(i)) {
             s.settle(decision, l.key.duration(), l.cost, now_ms);

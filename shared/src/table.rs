@@ -351,7 +351,7 @@ impl CounterTable {
         pinned.clear();
         self.slab.pinned = pinned;
         for key in keys {
-            let slot = self.slab.slot(key, now_ms, false);
+            let slot = self.rolled_slot(key, now_ms);
             self.slab.pinned.push(slot);
         }
         Ok(core::mem::take(&mut self.slab.pinned))
@@ -367,7 +367,8 @@ impl CounterTable {
     /// The state of `key`, created if absent and marked used: for shells that hold several
     /// tables (a native process's shards) and drive the request path across them.
     pub fn entry(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> &mut WindowState {
-        self.state_mut(key, now_ms)
+        let slot = self.rolled_slot(key, now_ms);
+        &mut self.slab.slots[slot].state
     }
 
     /// Merges counts of one cell seen elsewhere (a read, the region view) with `max`.
@@ -473,5 +474,17 @@ impl CounterTable {
     fn state_mut(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> &mut WindowState {
         let slot = self.slab.slot(key, now_ms, false);
         &mut self.slab.slots[slot].state
+    }
+
+    /// The slot of `key`, its cells aged to `now_ms`: own cost that ages out unacknowledged
+    /// is counted lost here, whichever entry point a request comes through.
+    fn rolled_slot(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> usize {
+        let slot = self.slab.slot(key, now_ms, false);
+        let slab = &mut self.slab;
+        let (_, lost) = slab.slots[slot]
+            .state
+            .roll_counting_lost(key.duration(), now_ms);
+        slab.stats.replay_lost += lost;
+        slot
     }
 }

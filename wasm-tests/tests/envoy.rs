@@ -14,8 +14,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
+use common::slow::SlowProxy;
 use common::stack::{Stack, admitted, burst, get, header, stack};
-use common::upstream::{SlowProxy, port_of};
+use common::upstream::port_of;
 use serde_json::{Value, json};
 
 /// The filter configuration: `rules` and extra top-level settings.
@@ -377,6 +378,36 @@ async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
     let e = envoy(&s, &per_key(common::conformance::LIMIT), &extra).await;
     let base = e.base.clone();
     s.replay_row("envoy", &base).await;
+}
+
+/// The conformance table's late-answer row (the same as the gateway's and workerd's): the
+/// gateway behind a proxy that holds its answers 250 ms, eight requests at once on a cold key
+/// in one VM; those the first answer does not cover make a second call with what is left of
+/// their time, and every answer comes within the timeout of its request's arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
+    use common::conformance::{LATE_DELAY, LATE_LIMIT, LATE_TIMEOUT_MS};
+    let s = stack().await;
+    let options = common::envoy::Options {
+        concurrency: 1,
+        ..common::envoy::Options::default()
+    };
+    let slow = SlowProxy::start(port_of(s.gateway()), LATE_DELAY).await;
+    let extra = json!({ "timeout_ms": LATE_TIMEOUT_MS });
+    let mut e = Envoy::start_opts(
+        &common::envoy::Filters::Strata(configuration(&per_key(LATE_LIMIT), &extra)),
+        &options,
+        s.upstream.port(),
+        Some(slow.port),
+    );
+    e.ready(&s.http).await;
+    let (http, base) = (unpooled(), e.base.clone());
+    let key = format!("late-{}", common::stack::now_ms());
+    let send = move |key: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { admitted(&http, &base, &key).await }
+    };
+    common::conformance::late_answers("envoy", &key, send, || s.decide_calls()).await;
 }
 
 /// Envoy in front of the upstream with the Strata filter configured by `extra`, and `hcm`

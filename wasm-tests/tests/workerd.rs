@@ -369,6 +369,36 @@ async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
     s.replay_row("workerd", &base).await;
 }
 
+/// The conformance table's late-answer row (the same as the gateway's and Envoy's): the
+/// gateway behind a proxy that holds its answers 250 ms, eight requests at once on a cold key
+/// in one isolate; those the first answer does not cover make a second call with what is left
+/// of their time, and every answer comes within the timeout of its request's arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
+    use common::conformance::{LATE_DELAY, LATE_LIMIT, LATE_TIMEOUT_MS};
+    let s = stack().await;
+    let slow =
+        common::slow::SlowProxy::start(common::upstream::port_of(s.gateway()), LATE_DELAY).await;
+    let gateway = format!("http://127.0.0.1:{}", slow.port);
+    let timeout = LATE_TIMEOUT_MS.to_string();
+    let rules = per_key_rules(LATE_LIMIT);
+    let mut vars = edge_vars(&s, &rules);
+    vars.retain(|(name, _)| *name != "STRATA_GATEWAY_URL");
+    vars.extend([
+        ("STRATA_GATEWAY_URL", gateway.as_str()),
+        ("STRATA_TIMEOUT_MS", timeout.as_str()),
+    ]);
+    let mut edge = Workerd::proxy(&vars);
+    edge.ready().await;
+    let (http, base) = (s.http.clone(), edge.base.clone());
+    let key = format!("late-{}", now_ms());
+    let send = move |key: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { admitted(&http, &base, &key).await }
+    };
+    common::conformance::late_answers("workerd", &key, send, || s.decide_calls()).await;
+}
+
 /// The edge in workerd against a hostile client (`common::hostile`, the same requests and
 /// rules as the Envoy filter's fuzz test): no 5xx, every connection answered, and a normal
 /// client right after each batch limited exactly.

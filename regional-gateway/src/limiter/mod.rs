@@ -1,28 +1,33 @@
-//! The gateway's own decisions, driven through the core's request path like an edge's: local
-//! memory first (a denial, or a pass the lease covers); otherwise one origin decision, merged
-//! back by the core; a failure falls back to local memory. This file only orders the steps
-//! around locks and awaits: no lock is held across an await.
+//! The gateway's own decisions, through the core's request flow like an edge's
+//! ([`strata_core::driver::Flow`]): local memory first (a denial, or a pass the lease covers);
+//! otherwise one origin decision, which concurrent requests on its keys wait for instead of
+//! making their own, merged back by the core; a call that fails or outlives the request's
+//! time is decided per the failure mode. This file maps tokio onto the flow's events: a
+//! request's arrival, a call's answer or failure, the call's bound as a tokio timeout.
 
-mod inflight;
+mod flows;
 mod janitor;
-mod multi;
 
-pub use inflight::InFlight;
-use inflight::Turn;
+pub use flows::Flows;
 pub use janitor::{JANITOR_SCAN, ORIGIN_PURGE_STEP, Purged};
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use strata_core::driver::{DecidedBy, Dispatch, FlowConfig, Outgoing, Settled};
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::request::OriginCall;
-use strata_core::table::{LimitRequest, Step};
+use strata_core::table::LimitRequest;
 use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayRef};
-use strata_core::{Counts, Decision, MultiDecision, OriginAnswer, WindowKeyRef};
+use strata_core::{Counts, Decision, MultiDecision};
+use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::local::{LocalTables, ReplayCursor};
 use crate::metrics::{Metrics, Source};
 use crate::origin::{CellUsed, DecideAnswer, DecideLimit, OriginClient, OriginError};
+use flows::Tables;
 
 /// Cells per batch of the replay loop. A batch is taken, merged at the origin and acknowledged
 /// without a yield on the embedded origin (nothing in it waits), and on Redis it is one script
@@ -37,10 +42,24 @@ pub const REPLAY_STEP: usize = 128;
 pub struct ReplayTick {
     /// Whether every batch was delivered.
     pub delivered: bool,
+    /// Whether a batch got no answer at all (the origin away, not one cell it could not
+    /// merge): what the loop backs off after.
+    pub unanswered: bool,
     /// Batches sent (an empty take sends none).
     pub batches: usize,
     /// Cells they carried.
     pub cells: usize,
+}
+
+/// What became of a replay batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    /// Every cell merged.
+    All,
+    /// Some cells failed alone (the others merged).
+    Partly,
+    /// The call failed: nothing is known merged.
+    Unanswered,
 }
 
 /// Local tables and origin, and the decision flow over them.
@@ -59,8 +78,9 @@ pub struct Limiter {
     pub instance: String,
     /// The region's counts as this gateway knows them, and what it imported from the others.
     pub global: crate::global::Global,
-    /// Single-limit origin calls in flight, which concurrent requests on their key wait for.
-    pub in_flight: InFlight,
+    /// Requests waiting for the origin, and the calls in flight they wait for.
+    pub flows: Flows,
+    next_request: AtomicU64,
 }
 
 /// The only decision of a one-limit request (a denial if the core answered none).
@@ -74,87 +94,194 @@ fn only(multi: &MultiDecision, limit: &LimitRequest<'_>) -> Decision {
     })
 }
 
+/// The metrics' name for a path.
+fn source(by: DecidedBy) -> Source {
+    match by {
+        DecidedBy::Local => Source::Local,
+        DecidedBy::Origin => Source::Origin,
+        DecidedBy::Fallback => Source::Fallback,
+    }
+}
+
+/// A request waiting in flow `shard`: withdrawn from it if the request is dropped (its
+/// client hung up) before its decision came, so a call it joined does not begin it again.
+struct Waiter<'a> {
+    limiter: &'a Limiter,
+    shard: usize,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut flow = self.limiter.flows.lock(self.shard);
+            flow.flow.cancel((self.id, 0));
+            flow.waiting.remove(&self.id);
+        }
+    }
+}
+
 impl Limiter {
-    /// Assembles a limiter.
+    /// Assembles a limiter; `flows` request flows share the decisions' bookkeeping (about
+    /// one per worker thread keeps their locks uncontended).
     pub fn new(
         local: LocalTables,
         origin: OriginClient,
         metrics: Arc<Metrics>,
         clock: Clock,
         global: crate::global::Global,
-    ) -> Self {
-        Self {
+        flows: usize,
+    ) -> Arc<Self> {
+        let timeout_ms = u64::try_from(origin.timeout().as_millis()).unwrap_or(u64::MAX);
+        let config = FlowConfig {
+            timeout_ms,
+            // The flow replays nothing of the gateway's (see `Tables::homes`).
+            replay_interval_ms: 0,
+        };
+        Arc::new(Self {
             local,
             origin,
             metrics,
             clock,
             global,
-            in_flight: InFlight::default(),
+            flows: Flows::new(flows, config),
+            next_request: AtomicU64::new(0),
             instance: format!("gw-{:016x}", rand::random::<u64>()),
+        })
+    }
+
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            local: &self.local,
+            instance: &self.instance,
         }
     }
 
     /// Decides one limit: locally where the lease allows it (or the local view denies),
     /// otherwise at the origin, atomically. A request whose key already has a call in flight
-    /// waits for that call once (bounded by the origin timeout), then decides again: a burst
-    /// on a cold key, or on a hot key at its window's rollover, makes one call, not one per
-    /// request.
-    pub async fn decide(&self, limit: LimitRequest<'_>) -> Decision {
-        let key = limit.key;
-        let mut followed = false;
-        let mut outlived = false;
-        loop {
+    /// waits for that call (never past its own time), then decides again: a burst on a cold
+    /// key, or on a hot key at its window's rollover, makes one call, not one per request.
+    pub async fn decide(self: &Arc<Self>, limit: LimitRequest<'_>) -> Decision {
+        only(&self.decide_all(&[limit]).await, &limit)
+    }
+
+    /// Decides several limits, all or nothing: locally if the local view denies one or every
+    /// lease covers its limit, otherwise all of them in one origin decision. Answered within
+    /// the origin timeout of its arrival, however many calls it waits on.
+    pub async fn decide_all(self: &Arc<Self>, limits: &[LimitRequest<'_>]) -> MultiDecision {
+        let mut deadline = self.clock.now_ms().saturating_add(self.flows_timeout());
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let shard = self.flows.shard_of(limits);
+        let (decision, by) = loop {
             let now = self.clock.now_ms();
-            let step = self
-                .local
-                .lock(key)
-                .check(key, limit.limit, limit.cost, now);
-            let plan = match step {
-                Step::Decided(d) => {
-                    self.metrics.decision(Source::Local, d.success);
-                    return d;
+            let (begun, dispatches) = {
+                let mut flow = self.flows.lock(shard);
+                let tables = &mut self.tables();
+                match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
+                    Some(decided) => (Ok(decided), Vec::new()),
+                    None => {
+                        // Registered under the flow's lock: its wake-up cannot be missed.
+                        let (wake, woken) = oneshot::channel();
+                        flow.waiting.insert(id, wake);
+                        (Err(woken), flow.drain())
+                    }
                 }
-                Step::Fallback(d) => {
-                    self.metrics.decision(Source::Fallback, d.success);
-                    return d;
-                }
-                Step::Origin(plan) => plan,
             };
-            // The plan of a request that follows is dropped: the leader's call gives back
-            // whatever lease it gave back, and an unused call id is only a gap. Both waits are
-            // boxed: a request's future is as large as its largest await, so unboxed the origin
-            // call's few kilobytes were allocated for every request, though about one in a
-            // thousand goes to the origin.
-            let lead = match (followed, self.in_flight.turn(key)) {
-                (false, Turn::Follow(done)) => {
-                    followed = true;
-                    let waited = tokio::time::timeout(self.origin.timeout(), done);
-                    outlived = Box::pin(waited).await.is_err();
-                    continue;
-                }
-                (_, Turn::Lead(lead)) => Some(lead),
-                (true, Turn::Follow(_)) => None,
+            let woken = match begun {
+                Ok(decided) => break decided,
+                Err(woken) => woken,
             };
-            let call = OriginCall::single(limit, plan);
-            if outlived && lead.is_none() {
-                // The call it waited for outlived the timeout and is still out: it failed,
-                // recorded or not yet. A call of its own would wait the timeout again.
-                let multi = self.fail_call(&call);
-                let d = only(&multi, &limit);
-                self.metrics.decision(Source::Fallback, d.success);
-                return d;
+            let mut waiter = Waiter {
+                limiter: self,
+                shard,
+                id,
+                done: false,
+            };
+            for d in dispatches {
+                self.dispatch(shard, d);
             }
-            let (multi, source) = Box::pin(self.decide_at_origin(&call)).await;
-            drop(lead);
-            let d = only(&multi, &limit);
-            self.metrics.decision(source, d.success);
-            return d;
+            // Every call in flight is answered, fails or times out (its task's bound), and
+            // every group waiting on it settles then: the sender is never dropped unused but
+            // by a bug, answered then as a failed call would be.
+            let settled = woken.await;
+            waiter.done = true;
+            match settled.map(|done| done.settled) {
+                Ok(Settled::Decided(decision, by)) => break (decision, by),
+                // The call it joined settled without deciding it: again, by its deadline.
+                Ok(Settled::Again { deadline: by }) => deadline = by,
+                Err(_) => return self.fail_unsettled(limits),
+            }
+        };
+        let by = source(by);
+        for d in &decision.decisions {
+            self.metrics.decision(by, decision.success && d.success);
+        }
+        decision
+    }
+
+    /// How long a request may wait for the origin, in the flow's milliseconds.
+    fn flows_timeout(&self) -> u64 {
+        u64::try_from(self.origin.timeout().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A waiting request whose wake-up was dropped without an answer: denied, counted nowhere.
+    fn fail_unsettled(&self, limits: &[LimitRequest<'_>]) -> MultiDecision {
+        tracing::error!("a request waiting for the origin was dropped by the flow; denied");
+        let none = MultiDecision {
+            success: false,
+            decisions: Vec::new(),
+        };
+        MultiDecision {
+            success: false,
+            decisions: limits.iter().map(|l| only(&none, l)).collect(),
         }
     }
 
-    /// Sends `call` to the origin and returns the core's answers (the region view records
-    /// them on the way).
-    async fn ask_origin(&self, call: &OriginCall) -> Result<Vec<OriginAnswer>, OriginError> {
+    /// Makes call `d` of flow `shard` on a task of its own (so a request whose client hangs
+    /// up does not take the call that others wait for with it), bounded by the time its
+    /// requests have left, and hands the answer or failure back to the flow.
+    fn dispatch(self: &Arc<Self>, shard: usize, d: Dispatch) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let bound = Duration::from_millis(d.timeout_ms);
+            let result = match &d.outgoing {
+                Outgoing::Decide(call) => this
+                    .ask_origin(call, bound)
+                    .await
+                    .map_err(|e| e.to_string()),
+                // The flow replays no home of the gateway's (`Tables::homes`).
+                Outgoing::Replay(_) => Err("the gateway replays its own tables".to_string()),
+            };
+            let now = this.clock.now_ms();
+            let more = {
+                let mut flow = this.flows.lock(shard);
+                let tables = &mut this.tables();
+                match result {
+                    Ok(response) => flow.flow.decided(
+                        tables,
+                        d.call,
+                        Some(&response),
+                        || "an answer that does not fit the call".to_string(),
+                        now,
+                    ),
+                    Err(why) => flow.flow.failed(tables, d.call, &why, now),
+                }
+                flow.drain()
+            };
+            for d in more {
+                this.dispatch(shard, d);
+            }
+        });
+    }
+
+    /// Sends `call` to the origin, waiting at most `bound`, and returns its answer as
+    /// `/v1/origin/decide` gives it (the region view records it on the way).
+    async fn ask_origin(
+        &self,
+        call: &OriginCall,
+        bound: Duration,
+    ) -> Result<DecideResponse, OriginError> {
         self.metrics.origin_reason(call.reason());
         let now = self.clock.now_ms();
         let limits: Vec<DecideLimit<'_>> = call
@@ -162,10 +289,11 @@ impl Limiter {
             .iter()
             .map(|l| self.origin_limit(&l.decide_ref(), now))
             .collect();
-        let answer = self.origin.decide(&self.instance, &limits, now).await?;
-        let response = self.respond(&limits, &answer);
-        call.answers(&response)
-            .map_err(|e| OriginError::Rejected(e.to_string()))
+        let answer = self
+            .origin
+            .decide_within(&self.instance, &limits, now, bound)
+            .await?;
+        Ok(self.respond(&limits, &answer))
     }
 
     /// One limit as this gateway's origin decides it, from this process's own call or an
@@ -217,10 +345,10 @@ impl Limiter {
     /// cost. Returns false if it failed; the counts stay in the tables and the next batch
     /// carries them.
     pub async fn replay_once(&self) -> bool {
-        let (delivered, _, _) = self
+        let (sent, _, _) = self
             .replay_batch(None, strata_core::wire::MAX_BATCH, ReplayCursor::default())
             .await;
-        delivered
+        sent == Sent::All
     }
 
     /// One tick of the replay loop, the `pass`-th, `interval_ms` after the last: every cell
@@ -238,6 +366,7 @@ impl Limiter {
         let started = std::time::Instant::now();
         let mut tick = ReplayTick {
             delivered: true,
+            unanswered: false,
             batches: 0,
             cells: 0,
         };
@@ -246,13 +375,14 @@ impl Limiter {
             if tick.batches > 0 {
                 tokio::task::yield_now().await;
             }
-            let (delivered, taken, next) = self.replay_batch(Some(pace), REPLAY_STEP, cursor).await;
+            let (sent, taken, next) = self.replay_batch(Some(pace), REPLAY_STEP, cursor).await;
             if taken > 0 {
                 tick.batches += 1;
                 tick.cells += taken;
             }
-            if !delivered {
+            if sent != Sent::All {
                 tick.delivered = false;
+                tick.unanswered = sent == Sent::Unanswered;
                 break;
             }
             from = next;
@@ -262,18 +392,18 @@ impl Limiter {
     }
 
     /// Takes up to `max` cells from where `from` points on and sends them to the origin.
-    /// Returns whether they were delivered, how many were taken, and where the next batch of
+    /// Returns what became of them, how many were taken, and where the next batch of
     /// the same pass goes on (`None`: every cell was looked at).
     async fn replay_batch(
         &self,
         pace: Option<QuietPace>,
         max: usize,
         from: ReplayCursor,
-    ) -> (bool, usize, Option<ReplayCursor>) {
+    ) -> (Sent, usize, Option<ReplayCursor>) {
         let now = self.clock.now_ms();
         let (batch, next) = self.local.take_replay(max, now, pace, from);
         if batch.is_empty() {
-            return (true, 0, None);
+            return (Sent::All, 0, None);
         }
         let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
         let renew: Vec<u64> = batch.events.iter().map(|e| e.renew).collect();
@@ -291,12 +421,17 @@ impl Limiter {
                 self.local.ack_replay(acks);
                 self.metrics.replayed(delivered);
                 self.metrics.leases_renewed(renewed);
-                (delivered == batch.len(), batch.len(), next)
+                let sent = if delivered == batch.len() {
+                    Sent::All
+                } else {
+                    Sent::Partly
+                };
+                (sent, batch.len(), next)
             }
             Err(e) => {
                 self.metrics.replay_failed();
                 tracing::warn!(error = %e, cells = batch.len(), "replay batch failed; sent again with the next");
-                (false, batch.len(), next)
+                (Sent::Unanswered, batch.len(), next)
             }
         }
     }
@@ -344,9 +479,4 @@ impl Limiter {
     pub fn unreplayed(&self) -> usize {
         self.local.replay_state().0
     }
-}
-
-/// The window keys of a request, for the shards it locks.
-fn keys<'a>(limits: &[LimitRequest<'a>]) -> Vec<WindowKeyRef<'a>> {
-    limits.iter().map(|l| l.key).collect()
 }

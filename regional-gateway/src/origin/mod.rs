@@ -227,11 +227,21 @@ impl OriginClient {
         limits: &[DecideLimit<'_>],
         now_ms: u64,
     ) -> Result<DecideAnswer, OriginError> {
-        self.call(
-            "decide",
-            self.origin.decide(instance, limits, now_ms, self.lease_ms),
-        )
-        .await
+        self.decide_within(instance, limits, now_ms, self.timeout)
+            .await
+    }
+
+    /// [`decide`](Self::decide) for requests that have only `bound` left of their time
+    /// (at most the timeout).
+    pub async fn decide_within(
+        &self,
+        instance: &str,
+        limits: &[DecideLimit<'_>],
+        now_ms: u64,
+        bound: Duration,
+    ) -> Result<DecideAnswer, OriginError> {
+        let decide = self.origin.decide(instance, limits, now_ms, self.lease_ms);
+        self.call_within("decide", decide, bound).await
     }
 
     /// Drops expired cells held in process memory (the embedded origin), one step of a pass
@@ -263,7 +273,19 @@ impl OriginClient {
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, OriginError>>,
     ) -> Result<T, OriginError> {
-        let timeout = self.timeout;
+        self.call_within(op, fut, self.timeout).await
+    }
+
+    /// [`call`](Self::call) bounded by `bound` (at most the timeout). A call cut short by a
+    /// bound below the timeout fails as a timeout but does not move the breaker: it says
+    /// how little time its requests had left, not that the origin is down.
+    async fn call_within<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, OriginError>>,
+        bound: Duration,
+    ) -> Result<T, OriginError> {
+        let timeout = bound.min(self.timeout);
         let started = Instant::now();
         if !self.breaker.allow(started) {
             self.metrics
@@ -277,7 +299,10 @@ impl OriginClient {
         // Only failures that say the origin may be down move the breaker: one poisoned cell
         // answered with an error must not send every other key to local fallback.
         let up = result.as_ref().map_or_else(|e| !e.is_transient(), |_| true);
-        self.breaker.record(up, Instant::now());
+        let cut_short = timeout < self.timeout && matches!(result, Err(OriginError::Timeout(_)));
+        if !cut_short {
+            self.breaker.record(up, Instant::now());
+        }
         self.metrics.origin_call(
             op,
             result.as_ref().map(|_| ()).map_err(OriginError::kind),

@@ -6,7 +6,9 @@
 //! gets `REQUESTS` requests one after another, and another key `REQUESTS` at once. Two more
 //! rows with the origin up: `REQUESTS` requests at once on a cold key make one decision call
 //! ([`one_call`]), and what a process admitted while the origin was down reaches it once it
-//! is back, with no request to carry it ([`replayed_after_outage`]).
+//! is back, with no request to carry it ([`replayed_after_outage`]). One with the origin late:
+//! a request that waited on another's call and then needs one of its own still answers by its
+//! arrival plus the timeout ([`late_answers`]).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -111,19 +113,9 @@ where
     CFut: Future<Output = u64>,
 {
     let before = calls().await;
-    let at_once: Vec<_> = (0..REQUESTS)
-        .map(|_| {
-            let (send, key) = (send.clone(), key.to_string());
-            tokio::spawn(async move { send(key).await })
-        })
-        .collect();
     let mut admitted = 0;
-    for t in at_once {
-        admitted += u64::from(
-            t.await
-                .unwrap()
-                .unwrap_or_else(|e| panic!("{runtime}: {e}")),
-        );
+    for (answer, _) in at_once(key, send).await {
+        admitted += u64::from(answer.unwrap_or_else(|e| panic!("{runtime}: {e}")));
     }
     let made = calls().await - before;
     println!(
@@ -135,6 +127,82 @@ where
         (1, REQUESTS as u64),
         "{runtime}: decision calls, admitted"
     );
+}
+
+/// The late-answer row's key's limit: the first answer's lease (3 of 10: half of what lies
+/// above the last quarter) covers 3 of the 7 requests that waited for it, and the other 4 need
+/// a call of their own (the local view, 4 of 10, denies none of them).
+pub const LATE_LIMIT: u64 = 10;
+/// How late the origin answers in the late-answer row ([`SlowProxy`](super::slow::SlowProxy)).
+pub const LATE_DELAY: Duration = Duration::from_millis(250);
+/// The timeout of the late-answer row: a call alone is answered within it, a second call
+/// after the first is not.
+pub const LATE_TIMEOUT_MS: u64 = 400;
+
+/// The late-answer row: the origin answers every call [`LATE_DELAY`] after it is made;
+/// `REQUESTS` requests at once on the cold key `key` of limit [`LATE_LIMIT`] wait for the first
+/// request's call; its answer covers some, and the others make a second call with only what is
+/// left of their time ([`LATE_TIMEOUT_MS`] from their arrival). Every answer comes within that
+/// and a little (80 ms): a waiter that began a call of its own with the whole timeout again
+/// answered at twice the delay (500 ms). `calls()` reads the decision calls the origin saw: at least
+/// two, or the row did not test what it says.
+pub async fn late_answers<F, Fut, C, CFut>(runtime: &str, key: &str, send: F, calls: C)
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<bool, String>> + Send,
+    C: Fn() -> CFut,
+    CFut: Future<Output = u64>,
+{
+    let before = calls().await;
+    let (mut admitted, mut slowest) = (0, Duration::ZERO);
+    for (answer, took) in at_once(key, send).await {
+        admitted += u64::from(answer.unwrap_or_else(|e| panic!("{runtime}: {e}")));
+        slowest = slowest.max(took);
+    }
+    // The origin may still be answering the second call (the requests gave up on it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut made = calls().await - before;
+    while made < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        made = calls().await - before;
+    }
+    println!(
+        "conformance {runtime}: {REQUESTS} requests at once on a cold key, the origin {LATE_DELAY:?} \
+         late: {made} decision calls, {admitted} admitted, slowest answer {slowest:?}"
+    );
+    let bound = Duration::from_millis(LATE_TIMEOUT_MS + 80);
+    assert!(
+        slowest <= bound,
+        "{runtime}: an answer took {slowest:?}, over {bound:?}"
+    );
+    assert!(
+        made >= 2,
+        "{runtime}: {made} decision calls; the row needs a second"
+    );
+    assert!(admitted <= LATE_LIMIT, "{runtime}: {admitted} admitted");
+}
+
+/// `REQUESTS` requests at once on `key`: each one's answer, and how long it took.
+async fn at_once<F, Fut>(key: &str, send: F) -> Vec<(Result<bool, String>, Duration)>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<bool, String>> + Send,
+{
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let (send, key) = (send.clone(), key.to_string());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let answer = send(key).await;
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers
 }
 
 /// The replay row: `admitted` requests were decided from memory while the origin was down;

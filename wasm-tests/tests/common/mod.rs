@@ -23,6 +23,8 @@ mod port;
 pub mod process;
 #[path = "../../../regional-gateway/tests/common/redis.rs"]
 pub mod redis;
+#[path = "../../../regional-gateway/tests/common/slow.rs"]
+pub mod slow;
 pub mod stack;
 pub mod upstream;
 pub mod workerd;

@@ -1,0 +1,135 @@
+//! Where a shell keeps the window keys' states, as the driver's flow reaches them: one step of
+//! the core's request path (`crate::request`) per method, run on the states of one group of
+//! limits.
+
+use alloc::string::String;
+
+use crate::decision::{Counts, Decision, MultiDecision};
+use crate::limit::LimitRequest;
+use crate::origin::OriginAnswer;
+use crate::policy::FailureMode;
+use crate::replay::ReplayBatch;
+use crate::request::{Begin, OriginCall};
+use crate::table::{CounterTable, TooManyLimits};
+
+/// One place a store keeps states, with its own instance id at the gateway and its own
+/// replay: a process's table, or the slots an Envoy's VMs share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Home(pub u8);
+
+/// The window keys' states, held where the shell holds them.
+pub trait Store {
+    /// Begins one group of a request's limits, on states the store chooses (and says where).
+    fn begin(
+        &mut self,
+        limits: &[LimitRequest<'_>],
+        now_ms: u64,
+    ) -> Result<(Begin, Home), TooManyLimits>;
+    /// Merges the gateway's answers to `call`, begun in `home`.
+    fn finish(
+        &mut self,
+        home: Home,
+        call: &OriginCall,
+        answers: &[OriginAnswer],
+        now_ms: u64,
+    ) -> MultiDecision;
+    /// `call` got no answer: recorded on its cells, and decided per the failure mode.
+    fn fail(&mut self, home: Home, call: &OriginCall, now_ms: u64) -> MultiDecision;
+    /// The failure mode `fail` decides by (named in the flow's log).
+    fn failure_mode(&self) -> FailureMode;
+    /// The instance id calls for `home` are made under.
+    fn instance(&self, home: Home) -> &str;
+    /// How many homes the flow replays (`Home(0)` to `Home(n - 1)`); none for a shell that
+    /// replays its states itself (the gateway, which paces its replay by the region's view).
+    fn homes(&self) -> u8 {
+        1
+    }
+    /// Up to `max` cells of `home` holding cost the gateway has not acknowledged, from
+    /// position `from` of a pass; where the pass goes on (`None`: done).
+    fn take_replay(
+        &mut self,
+        home: Home,
+        max: usize,
+        now_ms: u64,
+        from: usize,
+    ) -> (ReplayBatch, Option<usize>);
+    /// The gateway took `batch`: `counts[i]` is event `i`'s cell after it.
+    fn ack_replay(&mut self, home: Home, batch: &ReplayBatch, counts: &[Counts], now_ms: u64);
+    /// Whether `home` is replayed every interval, whether or not this process's own
+    /// requests used it (a home others write to).
+    fn periodic(&self, _home: Home) -> bool {
+        false
+    }
+}
+
+/// A process's own table as the one home: the edge's store.
+#[derive(Debug)]
+pub struct TableStore {
+    /// The table.
+    pub table: CounterTable,
+    /// The instance id the gateway knows this process by.
+    pub instance: String,
+}
+
+impl Store for TableStore {
+    fn begin(
+        &mut self,
+        limits: &[LimitRequest<'_>],
+        now_ms: u64,
+    ) -> Result<(Begin, Home), TooManyLimits> {
+        Ok((self.table.begin(limits, now_ms)?, Home(0)))
+    }
+    fn finish(
+        &mut self,
+        _: Home,
+        call: &OriginCall,
+        answers: &[OriginAnswer],
+        now_ms: u64,
+    ) -> MultiDecision {
+        self.table
+            .finish(call, answers, now_ms)
+            .unwrap_or_else(|_| refused(call))
+    }
+    fn fail(&mut self, _: Home, call: &OriginCall, now_ms: u64) -> MultiDecision {
+        self.table
+            .fail(call, now_ms)
+            .unwrap_or_else(|_| refused(call))
+    }
+    fn failure_mode(&self) -> FailureMode {
+        self.table.config().origin.failure_mode
+    }
+    fn instance(&self, _: Home) -> &str {
+        &self.instance
+    }
+    fn take_replay(
+        &mut self,
+        _: Home,
+        max: usize,
+        now_ms: u64,
+        from: usize,
+    ) -> (ReplayBatch, Option<usize>) {
+        self.table.take_replay_from(max, now_ms, None, from)
+    }
+    fn ack_replay(&mut self, _: Home, batch: &ReplayBatch, counts: &[Counts], _: u64) {
+        self.table.ack_replay(batch, counts);
+    }
+}
+
+/// The denial of a call whose limits no longer fit the table (only a call larger than the
+/// table, which `begin` refuses first).
+pub fn refused(call: &OriginCall) -> MultiDecision {
+    MultiDecision {
+        success: false,
+        decisions: call
+            .limits()
+            .iter()
+            .map(|l| Decision {
+                success: false,
+                limit: l.limit,
+                remaining: 0,
+                reset_ms: 0,
+                retry_after_ms: Some(1_000),
+            })
+            .collect(),
+    }
+}

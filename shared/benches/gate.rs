@@ -1,9 +1,8 @@
-//! A Wasm shell's warm request, natively: the rules applied to a request, its limit decided
-//! from a lease, and the reply's headers built (`Gate::start` + `Pending::reply`), the work the
-//! edge's Wasm module does per request besides moving strings across the JavaScript boundary.
-//! Also with a 4,000-byte key, keyed by its digest; and the same warm request through the
-//! driver the shells run (`Driver::request`: the path above, plus its bookkeeping). Run:
-//! `cargo bench -p strata-core --bench gate`.
+//! A Wasm shell's warm request, natively, through the driver the shells run
+//! (`Driver::request`): the rules applied to a request, its limit decided from a lease, and
+//! the reply's headers built, the work the edge's Wasm module does per request besides moving
+//! strings across the JavaScript boundary. Also with a 4,000-byte key, keyed by its digest
+//! each time. Run: `cargo bench -p strata-core --bench gate`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: a panic is the report
 
@@ -11,7 +10,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use strata_core::driver::{Driver, DriverConfig, Started, TableStore};
-use strata_core::gate::{Gate, GateOptions};
+use strata_core::gate::Gate;
 use strata_core::rules::RequestView;
 use strata_core::wire::MAX_COUNT;
 use strata_core::{CounterTable, TableConfig, WindowDuration, WindowKeyRef};
@@ -46,42 +45,9 @@ impl RequestView for Req {
     }
 }
 
-fn gate_request(c: &mut Criterion) {
-    let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000000,
-        "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
-        "descriptor_key": "key"}}]}]}"#;
-    let gate = Gate::from_json("edge", rules, "").unwrap();
-    let mut table = CounterTable::new(TableConfig::default(), 0x5eed);
-    let hour = WindowDuration::from_ms(3_600_000).unwrap();
-    let key = WindowKeyRef::new("edge", "bench", "key=warm-key", hour).unwrap();
-    support::warm(&mut table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
-    let options = GateOptions::default();
-    let warm = Req(b"warm-key".to_vec());
-    c.bench_function("gate/warm_request_start_and_reply", |b| {
-        b.iter(|| {
-            let pending = gate.start(&mut table, &warm, NOW_MS).unwrap();
-            let reply = pending.reply(&options, NOW_MS);
-            assert!(reply.allowed);
-            black_box(reply)
-        });
-    });
-
-    // The same with a 4,000-byte key (a JWT, say): keyed by its SHA-256 digest each time.
-    let long = Req(vec![b'k'; 4_000]);
-    let id = strata_core::identity::identifier_for(format!("key={}", "k".repeat(4_000)));
-    let key = WindowKeyRef::new("edge", "bench", &id, hour).unwrap();
-    support::warm(&mut table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
-    c.bench_function("gate/warm_request_4000_byte_key", |b| {
-        b.iter(|| {
-            let pending = gate.start(&mut table, &long, NOW_MS).unwrap();
-            let reply = pending.reply(&options, NOW_MS);
-            assert!(reply.allowed);
-            black_box(reply)
-        });
-    });
-}
-
-fn driver_request(c: &mut Criterion) {
+/// `name`: the request `request` through a driver whose table holds `identifier`'s key warm,
+/// far from its limit.
+fn warm_request(c: &mut Criterion, name: &str, request: &Req, identifier: &str) {
     let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000000,
         "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
         "descriptor_key": "key"}}]}]}"#;
@@ -91,7 +57,7 @@ fn driver_request(c: &mut Criterion) {
         instance: "edge-1".into(),
     };
     let hour = WindowDuration::from_ms(3_600_000).unwrap();
-    let key = WindowKeyRef::new("edge", "bench", "key=warm-key", hour).unwrap();
+    let key = WindowKeyRef::new("edge", "bench", identifier, hour).unwrap();
     support::warm(&mut store.table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
     let config = DriverConfig {
         timeout_ms: 250,
@@ -99,12 +65,11 @@ fn driver_request(c: &mut Criterion) {
         unaddressed_counter: String::new(),
     };
     let mut driver = Driver::new(gate, config);
-    let warm = Req(b"warm-key".to_vec());
     let mut id = 0;
-    c.bench_function("driver/warm_request", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             id += 1;
-            let started = driver.request(&mut store, id, &warm, NOW_MS).unwrap();
+            let started = driver.request(&mut store, id, request, NOW_MS).unwrap();
             let Started::Decided(d) = started else {
                 panic!("a warm key is decided from memory");
             };
@@ -114,5 +79,22 @@ fn driver_request(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, gate_request, driver_request);
+fn driver_request(c: &mut Criterion) {
+    warm_request(
+        c,
+        "driver/warm_request",
+        &Req(b"warm-key".to_vec()),
+        "key=warm-key",
+    );
+    // A 4,000-byte key (a JWT, say): keyed by its SHA-256 digest each time.
+    let id = strata_core::identity::identifier_for(format!("key={}", "k".repeat(4_000)));
+    warm_request(
+        c,
+        "driver/warm_request_4000_byte_key",
+        &Req(vec![b'k'; 4_000]),
+        &id,
+    );
+}
+
+criterion_group!(benches, driver_request);
 criterion_main!(benches);

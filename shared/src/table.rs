@@ -228,11 +228,9 @@ impl CounterTable {
     /// denial, or a pass the lease covers; otherwise says what to ask the origin.
     pub fn check(&mut self, key: WindowKeyRef<'_>, limit: u64, cost: u64, now_ms: u64) -> Step {
         let d = key.duration();
-        let slot = self.slab.slot(key, now_ms, false);
+        let (slot, now_ms) = self.rolled_slot(key, now_ms);
         let slab = &mut self.slab;
         let state = &mut slab.slots[slot].state;
-        let (now_ms, lost) = state.roll_counting_lost(d, now_ms);
-        slab.stats.replay_lost += lost;
         state.observe_limit(limit);
         match state.classify(d, limit, cost, now_ms) {
             Verdict::Local(decision) => {
@@ -351,7 +349,7 @@ impl CounterTable {
         pinned.clear();
         self.slab.pinned = pinned;
         for key in keys {
-            let slot = self.rolled_slot(key, now_ms);
+            let (slot, _) = self.rolled_slot(key, now_ms);
             self.slab.pinned.push(slot);
         }
         Ok(core::mem::take(&mut self.slab.pinned))
@@ -367,7 +365,7 @@ impl CounterTable {
     /// The state of `key`, created if absent and marked used: for shells that hold several
     /// tables (a native process's shards) and drive the request path across them.
     pub fn entry(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> &mut WindowState {
-        let slot = self.rolled_slot(key, now_ms);
+        let (slot, _) = self.rolled_slot(key, now_ms);
         &mut self.slab.slots[slot].state
     }
 
@@ -476,15 +474,16 @@ impl CounterTable {
         &mut self.slab.slots[slot].state
     }
 
-    /// The slot of `key`, its cells aged to `now_ms`: own cost that ages out unacknowledged
-    /// is counted lost here, whichever entry point a request comes through.
-    fn rolled_slot(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> usize {
+    /// The slot of `key`, its cells aged to `now_ms`, and the time to decide at (see
+    /// [`WindowState::roll`]): own cost that ages out unacknowledged is counted lost here,
+    /// whichever entry point a request comes through.
+    fn rolled_slot(&mut self, key: WindowKeyRef<'_>, now_ms: u64) -> (usize, u64) {
         let slot = self.slab.slot(key, now_ms, false);
         let slab = &mut self.slab;
-        let (_, lost) = slab.slots[slot]
+        let (now_ms, lost) = slab.slots[slot]
             .state
             .roll_counting_lost(key.duration(), now_ms);
         slab.stats.replay_lost += lost;
-        slot
+        (slot, now_ms)
     }
 }

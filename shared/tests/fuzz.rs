@@ -14,7 +14,7 @@
 use proptest::prelude::*;
 use serde_json::Value;
 use strata_core::FailureMode;
-use strata_core::driver::{Driver, DriverConfig, Started, TableStore};
+use strata_core::driver::TableStore;
 use strata_core::gate::Gate;
 use strata_core::rules::{ListRequest, RuleSet};
 use strata_core::table::{LimitRequest, Step};
@@ -230,28 +230,12 @@ fn rules_and_requests(rules: &Value, requests: &[ListRequest]) {
         table: CounterTable::new(TableConfig::default(), 3),
         instance: "fuzz".into(),
     };
-    let config = DriverConfig {
-        timeout_ms: 250,
-        replay_interval_ms: 100,
-        unaddressed_counter: "stats".into(),
-    };
-    let mut driver = Driver::new(gate.clone(), config);
+    let mut driver = support::driver(&gate);
     for (i, r) in requests.iter().enumerate() {
         let now = 1_700_000_000_000 + i as u64 * 250;
-        let Ok(started) = driver.request(&mut store, i as u64, r, now) else {
+        let Ok(decided) = support::without_gateway(&mut driver, &mut store, i as u64, r, now)
+        else {
             continue;
-        };
-        let failed: Vec<u64> = std::iter::from_fn(|| driver.poll_transmit())
-            .map(|t| t.call)
-            .collect();
-        for call in failed {
-            driver.fail(&mut store, call, "the origin is failing", now);
-        }
-        let decided = match started {
-            Started::Decided(d) => d,
-            Started::Waiting => driver
-                .poll_decision()
-                .expect("decided once its calls failed"),
         };
         assert!(decided.reply.status == 200 || decided.reply.status == 429);
         let subjects = gate.subjects(r).expect("the driver took it");

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use strata_core::address::ClientAddress;
-use strata_core::driver::{Decided, DecidedBy, Driver, DriverConfig, Started, TableStore};
+use strata_core::driver::{Decided, DecidedBy, Started, TableStore};
 use strata_core::gate::{Gate, GateError, GateOptions, Reply};
 use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
@@ -21,6 +21,7 @@ use strata_core::rules::{
     parse_duration_ms,
 };
 use strata_core::{CounterTable, FailureMode, TableConfig};
+use support::driver;
 
 mod support;
 
@@ -141,16 +142,6 @@ fn run(gate: &Gate, table: &mut CounterTable, request: &Req, now: u64) -> (Decid
     (decided, reply)
 }
 
-/// The shells' request path for `gate`'s rules.
-fn driver(gate: &Gate) -> Driver {
-    let config = DriverConfig {
-        timeout_ms: 250,
-        replay_interval_ms: 100,
-        unaddressed_counter: "stats".into(),
-    };
-    Driver::new(gate.clone(), config)
-}
-
 /// [`run`], or the client error the request is.
 fn try_run(
     gate: &Gate,
@@ -163,21 +154,9 @@ fn try_run(
         table: held,
         instance: "test".into(),
     };
-    let mut driver = driver(gate);
-    let started = driver.request(&mut store, 1, request, now);
-    let failed: Vec<u64> = std::iter::from_fn(|| driver.poll_transmit())
-        .map(|t| t.call)
-        .collect();
-    for call in failed {
-        driver.fail(&mut store, call, "no gateway in these tests", now);
-    }
+    let decided = support::without_gateway(&mut driver(gate), &mut store, 1, request, now);
     *table = store.table;
-    match started? {
-        Started::Decided(d) => Ok(d),
-        Started::Waiting => Ok(driver
-            .poll_decision()
-            .expect("decided once its calls failed")),
-    }
+    decided
 }
 
 fn header<'r>(reply: &'r Reply, name: &str) -> Option<&'r str> {

@@ -51,6 +51,7 @@ impl FlowShard {
 pub struct Flows {
     shards: Box<[Mutex<FlowShard>]>,
     hasher: RandomState,
+    config: FlowConfig,
 }
 
 impl Flows {
@@ -67,7 +68,13 @@ impl Flows {
         Self {
             shards,
             hasher: RandomState::default(),
+            config,
         }
+    }
+
+    /// How long a request may wait for the origin, from its arrival.
+    pub fn timeout_ms(&self) -> u64 {
+        self.config.timeout_ms
     }
 
     /// The flow a request of `limits` goes to.

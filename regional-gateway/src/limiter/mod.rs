@@ -170,7 +170,7 @@ impl Limiter {
     /// lease covers its limit, otherwise all of them in one origin decision. Answered within
     /// the origin timeout of its arrival, however many calls it waits on.
     pub async fn decide_all(self: &Arc<Self>, limits: &[LimitRequest<'_>]) -> MultiDecision {
-        let mut deadline = self.clock.now_ms().saturating_add(self.flows_timeout());
+        let mut deadline = self.clock.now_ms().saturating_add(self.flows.timeout_ms());
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let shard = self.flows.shard_of(limits);
         let (decision, by) = loop {
@@ -218,11 +218,6 @@ impl Limiter {
             self.metrics.decision(by, decision.success && d.success);
         }
         decision
-    }
-
-    /// How long a request may wait for the origin, in the flow's milliseconds.
-    fn flows_timeout(&self) -> u64 {
-        u64::try_from(self.origin.timeout().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// A waiting request whose wake-up was dropped without an answer: denied, counted nowhere.

@@ -54,13 +54,9 @@ where
         sequential += u64::from(admitted);
         slowest = slowest.max(took);
     }
-    let at_once: Vec<_> = (0..REQUESTS)
-        .map(|_| tokio::spawn(one(format!("burst-{mode}-{tag}"))))
-        .collect();
     let mut concurrent = 0;
-    for t in at_once {
-        let (admitted, took) = t.await.unwrap();
-        concurrent += u64::from(admitted);
+    for (answer, took) in at_once(&format!("burst-{mode}-{tag}"), send).await {
+        concurrent += u64::from(answer.unwrap_or_else(|e| panic!("{label}: {e}")));
         slowest = slowest.max(took);
     }
     println!(

@@ -3,6 +3,9 @@
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)] // test support: a panic is the report
 
+use strata_core::driver::{Decided, Driver, DriverConfig, Started, Store};
+use strata_core::gate::Gate;
+use strata_core::rules::{RequestError, RequestView};
 use strata_core::table::{LimitRequest, Step};
 use strata_core::{CounterTable, Counts, OriginAnswer, OriginCall, WindowKeyRef};
 
@@ -36,6 +39,41 @@ pub fn warm(table: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: 
         lease_ms: 5_000,
     };
     assert!(table.finish(&call, &[answer], now_ms).unwrap().success);
+}
+
+/// The shells' request path for `gate`'s rules: a 250 ms timeout, replays gathered 100 ms.
+pub fn driver(gate: &Gate) -> Driver {
+    let config = DriverConfig {
+        timeout_ms: 250,
+        replay_interval_ms: 100,
+        unaddressed_counter: "stats".into(),
+    };
+    Driver::new(gate.clone(), config)
+}
+
+/// `request` through `driver` at `now_ms` with no gateway behind it: every call it makes
+/// fails at once, so what needs the gateway is decided per the store's failure mode. Its
+/// decision, or the client error the request is.
+pub fn without_gateway<S: Store>(
+    driver: &mut Driver,
+    store: &mut S,
+    id: u64,
+    request: &impl RequestView,
+    now_ms: u64,
+) -> Result<Decided, RequestError> {
+    let started = driver.request(store, id, request, now_ms)?;
+    let calls: Vec<u64> = std::iter::from_fn(|| driver.poll_transmit())
+        .map(|t| t.call)
+        .collect();
+    for call in calls {
+        driver.fail(store, call, "no gateway here", now_ms);
+    }
+    match started {
+        Started::Decided(d) => Ok(d),
+        Started::Waiting => Ok(driver
+            .poll_decision()
+            .expect("decided once its calls failed")),
+    }
 }
 
 /// The rule model's field names (rules, matches, actions, header matchers, costs).

@@ -362,6 +362,69 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
     common::conformance::late_answers("gateway", &key, send, calls).await;
 }
 
+/// The gateway's replay backs off while its Redis is away, by the core's rule the Wasm shells
+/// follow too (`replay_backoff`: the interval, doubling, at most 5 s): over 3 s of outage with
+/// a 100 ms interval it tries a handful of times, not thirty; once Redis is back, what it
+/// admitted meanwhile reaches Redis with no request to carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_backs_off_while_redis_is_away() {
+    let http = reqwest::Client::new();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut g = GatewayProcess::start(&[
+        "--redis-url",
+        &url,
+        "--replay-interval",
+        "100ms",
+        "--origin-timeout",
+        "250ms",
+    ]);
+    g.ready(&http).await;
+    let base = g.base.clone();
+    let failed = || async {
+        let text = common::process::metrics(&http, &base).await;
+        common::process::metric_sum(&text, |l| {
+            l.starts_with("strata_replay_failed_batches_total")
+        }) as u64
+    };
+    redis.stop();
+    let key = format!("backoff-{}", std::process::id());
+    let admitted = conformance_limit(http.clone(), base.clone(), key.clone(), 5).await;
+    assert_eq!(
+        admitted,
+        Ok(true),
+        "decided from memory while Redis is away"
+    );
+    let before = failed().await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the window the tries are counted in
+    let tries = failed().await - before;
+    println!("replay batches failed in 3 s of outage, 100 ms interval: {tries}");
+    assert!(
+        (1..=6).contains(&tries),
+        "{tries} failed replay batches in 3 s: without a backoff about 30"
+    );
+    redis.restart();
+    let day = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        / 86_400_000;
+    let deadline = Instant::now() + common::conformance::REPLAY_BOUND;
+    loop {
+        let read = common::process::read_count(&http, &base, "conformance", &key, 86_400_000, day);
+        match read.await {
+            Ok(1) => break,
+            Ok(n) => assert_eq!(n, 0, "Redis counts {n}, over the 1 admitted"),
+            Err(_) => {} // the breaker may still be open
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the withheld pass never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
 /// port nothing listens on, or one that never answers: each mode as named, no answer slower
 /// than the origin timeout and a little.

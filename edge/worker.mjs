@@ -30,8 +30,11 @@ import { initSync, Edge } from "./strata_edge.js";
 
 initSync({ module: wasmModule });
 
-const isolate = { key: null, state: null };
+const isolate = { env: null, key: null, state: null };
 const RULES_NONE = '{"rules":[]}';
+// What `Edge.start` answers: the request waits, passes or is denied.
+const WAITING = 0;
+const PASS = 1;
 // How often a request waiting for the gateway looks for its decision.
 const POLL_MS = 1;
 
@@ -68,14 +71,18 @@ function text(v) {
   return typeof v === "string" ? v : JSON.stringify(v);
 }
 
-// One state per isolate, rebuilt only if the configuration changes.
-function stateFor(env, rules) {
+// One state per isolate, rebuilt only if the configuration changes. workerd hands every request
+// of an isolate the same `env` object, so the configuration is compared only when it differs.
+function stateFor(env) {
+  if (isolate.env === env) return isolate.state;
+  const rules = text(env.STRATA_RULES ?? RULES_NONE);
   const key = JSON.stringify([
     env.STRATA_GATEWAY_URL, env.STRATA_TOKEN, env.STRATA_REGION, rules, env.STRATA_FAILURE_MODE,
     env.STRATA_TIMEOUT_MS, env.STRATA_REPLAY_DELAY_MS, env.STRATA_LEGACY_HEADERS,
     env.STRATA_HEADERS_ON_PASS, env.STRATA_DEBUG, env.STRATA_UPSTREAM, env.STRATA_CLIENT_ADDRESS,
     env.STRATA_XFF_NUM_TRUSTED_HOPS, env.STRATA_TABLE_CAPACITY,
   ]);
+  isolate.env = env;
   if (isolate.key === key) return isolate.state;
   let state;
   try {
@@ -106,11 +113,12 @@ function stateFor(env, rules) {
     state = {
       edge,
       headerNames: edge.header_names.split("\n").filter(Boolean),
+      readsPeer: edge.reads_peer,
       error: null,
       gateway,
       base: base ? base.replace(/\/+$/, "") : "http://gateway",
       token: env.STRATA_TOKEN || "",
-      upstream: env.STRATA_UPSTREAM || "",
+      upstream: env.STRATA_UPSTREAM ? new URL(env.STRATA_UPSTREAM).origin : "",
       debug: flag(env, "STRATA_DEBUG", false),
       ready: new Map(), // request id → its reply, for the waiting request to pick up
       nextId: 0,
@@ -161,7 +169,7 @@ function pump(state, ctx) {
     ctx.waitUntil(send(state, ctx, call.call, call.path, call.body, call.timeout_ms));
     call.free();
   }
-  for (let reply; (reply = edge.poll_decision()); ) state.ready.set(reply.request, plain(reply));
+  for (let id; (id = edge.poll_decision()) >= 0; ) state.ready.set(id, replyOf(edge, true));
   arm(state, ctx);
 }
 
@@ -197,28 +205,40 @@ function arm(state, ctx) {
 // the client's error, a 400. Anything else thrown on the way is the edge's own, a 500.
 class RequestError extends Error {}
 
-// A reply as plain values, its Wasm object freed.
-function plain(reply) {
-  const { allowed, status, headers, body, by, limit, remaining, reset } = reply;
-  reply.free();
-  return { allowed, status, headers, body, by, limit, remaining, reset };
+// The module's current reply as plain values: whether it passes, its headers, and a denial's
+// status and body; with `full`, the binding's numbers too. A warm pass reads one string.
+function replyOf(edge, full, allowed = edge.reply_allowed) {
+  const reply = { allowed, headers: edge.reply_headers };
+  if (!allowed || full) {
+    reply.status = edge.reply_status;
+    reply.body = edge.reply_body;
+  }
+  if (full) {
+    reply.limit = edge.reply_limit;
+    reply.remaining = edge.reply_remaining;
+    reply.reset = edge.reply_reset;
+  }
+  return reply;
 }
 
 // A request through the module: its reply now, or once the gateway (or the deadline)
-// decides. A request that waits picks its reply up itself, on a timer of its own: were another
-// request to resolve a promise it awaits, its code after that could run in the other
-// request's context, and workerd refuses a request's I/O (its upstream fetch) from another's.
-async function decide(state, ctx, start) {
+// decides (`full`: with the binding's numbers). A request decided now drains the module only
+// if it has something to drain. A request that waits picks its reply up itself, on a timer of
+// its own: were another request to resolve a promise it awaits, its code after that could run
+// in the other request's context, and workerd refuses a request's I/O (its upstream fetch)
+// from another's.
+async function decide(state, ctx, start, full) {
   const id = (state.nextId = (state.nextId + 1) >>> 0);
-  let reply;
+  let verdict;
   try {
-    reply = start(id);
+    verdict = start(id);
   } catch (e) {
     throw new RequestError(String(e.message || e));
   }
-  if (reply) {
-    pump(state, ctx);
-    return plain(reply);
+  if (verdict !== WAITING) {
+    const reply = replyOf(state.edge, full, verdict === PASS); // before a drain replaces it
+    if (state.edge.wants_pump()) pump(state, ctx);
+    return reply;
   }
   pump(state, ctx);
   try {
@@ -244,14 +264,12 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-// The upstream URL of a pass: the upstream's origin with the request's path and query. The
-// path is set, never resolved against the upstream: a client's `//other.host/` (or `/\other`,
-// which URL parsing turns into it) would otherwise name another host to fetch.
-function upstreamUrl(upstream, url) {
-  const target = new URL(upstream);
-  target.pathname = url.pathname;
-  target.search = url.search;
-  return target;
+// The upstream URL of a pass: the upstream's origin followed by the request's path and query,
+// joined as text. After an origin, a path that starts with `//` (a client's `//other.host/`,
+// or `/\\other`, which URL parsing turns into it) is still a path, never another host to fetch.
+function upstreamUrl(origin, url) {
+  const path = url.indexOf("/", url.indexOf("://") + 3);
+  return path < 0 ? `${origin}/` : origin + url.slice(path);
 }
 
 // The address workerd accepted the connection from ("ip:port"), the `peer` source; the
@@ -278,7 +296,7 @@ function setHeaders(target, text) {
 }
 
 async function proxy(request, env, ctx) {
-  const state = stateFor(env, text(env.STRATA_RULES ?? RULES_NONE));
+  const state = stateFor(env);
   if (state.error) return errorResponse(500, "invalid_configuration", state.error);
   if (state.debug && new URL(request.url).pathname === "/__strata/stats") {
     return json(200, JSON.parse(state.edge.stats()));
@@ -286,7 +304,10 @@ async function proxy(request, env, ctx) {
   let reply;
   try {
     reply = await decide(state, ctx, (id) =>
-      state.edge.start(id, request.method, request.url, headerText(request.headers, state.headerNames), peerOf(request), Date.now()),
+      state.edge.start(
+        id, request.method, request.url, headerText(request.headers, state.headerNames),
+        state.readsPeer ? peerOf(request) : undefined, Date.now(),
+      ),
     );
   } catch (e) {
     if (e instanceof RequestError) return errorResponse(400, "invalid_request", e.message);
@@ -299,11 +320,9 @@ async function proxy(request, env, ctx) {
     setHeaders(response.headers, reply.headers);
     return response;
   }
-  const url = new URL(request.url);
-  const target = state.upstream ? upstreamUrl(state.upstream, url) : url;
   let upstream;
   try {
-    upstream = await fetch(new Request(target, request));
+    upstream = await fetch(state.upstream ? new Request(upstreamUrl(state.upstream, request.url), request) : request);
   } catch (e) {
     log("warn", "upstream unreachable", { error: String(e.message || e) });
     return errorResponse(502, "upstream_unavailable", `the upstream could not be reached: ${e.message || e}`);
@@ -322,7 +341,7 @@ export default { fetch: proxy };
 export function withLimiters(limiters, handler) {
   return {
     async fetch(request, env, ctx) {
-      const state = stateFor(env, text(env.STRATA_RULES ?? RULES_NONE));
+      const state = stateFor(env);
       if (state.error) return errorResponse(500, "invalid_configuration", state.error);
       const bound = Object.create(env);
       for (const [name, spec] of Object.entries(limiters)) {
@@ -333,6 +352,7 @@ export function withLimiters(limiters, handler) {
             }
             const reply = await decide(state, ctx, (id) =>
               state.edge.start_key(id, spec.namespace ?? name, key, spec.limit, spec.period * 1000, cost, Date.now()),
+              true,
             );
             return { success: reply.allowed, limit: reply.limit, remaining: reply.remaining, reset: reply.reset };
           },

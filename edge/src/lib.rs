@@ -6,7 +6,12 @@
 //! An event goes in ([`Edge::start`], [`Edge::answer`], [`Edge::fail`], [`Edge::timeout`]),
 //! then JavaScript drains what came out: [`Edge::poll_transmit`] (a call to POST),
 //! [`Edge::poll_decision`] (a request that waited), [`Edge::poll_log`], and arms its timer for
-//! [`Edge::next_deadline`].
+//! [`Edge::next_deadline`]; [`Edge::wants_pump`] says whether there is anything to drain.
+//!
+//! A reply stays in the module: `start` and `poll_decision` make it the current one, and
+//! JavaScript reads only the parts it needs through the `reply_*` getters. A warm request thus
+//! crosses the boundary as a number and, on a pass, one string (its headers), with no object
+//! to wrap, register for finalization and free.
 
 mod view;
 
@@ -24,17 +29,28 @@ const LOCAL_WORKSPACE: &str = "edge";
 /// Largest number JavaScript holds exactly (2^53 - 1).
 const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
 
+/// [`Edge::start`]'s answer: the request waits (its reply comes from
+/// [`Edge::poll_decision`]).
+pub const WAITING: u8 = 0;
+/// [`Edge::start`]'s answer: the request goes on (the current reply holds its headers).
+pub const PASS: u8 = 1;
+/// [`Edge::start`]'s answer: the request is denied (the current reply holds its answer).
+pub const DENY: u8 = 2;
+
 /// One isolate's limiter: the driver and the table it decides on.
 #[wasm_bindgen]
 #[derive(Debug)]
 pub struct Edge {
     driver: Driver,
     store: TableStore,
+    /// The reply `start` or `poll_decision` last produced.
+    reply: EdgeReply,
+    /// The deadline [`Edge::next_deadline`] last reported: JavaScript has a timer for it.
+    seen_deadline: Option<u64>,
 }
 
 /// What to answer a request: status, headers, body.
-#[wasm_bindgen(getter_with_clone)]
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct EdgeReply {
     /// The id JavaScript gave the request.
     pub request: u32,
@@ -140,6 +156,24 @@ fn reply(d: Decided) -> EdgeReply {
     }
 }
 
+impl Edge {
+    /// A decided request's reply becomes the current one.
+    fn verdict(&mut self, started: Started) -> u8 {
+        match started {
+            Started::Decided(d) => {
+                self.reply = reply(d);
+                if self.reply.allowed { PASS } else { DENY }
+            }
+            Started::Waiting => WAITING,
+        }
+    }
+
+    /// The current reply, whole (for Rust callers: the tests).
+    pub fn take_reply(&mut self) -> EdgeReply {
+        core::mem::take(&mut self.reply)
+    }
+}
+
 #[wasm_bindgen]
 impl Edge {
     /// An edge from the rules JSON (`{"rules": [...]}`), the options JSON (may be empty), the
@@ -168,6 +202,8 @@ impl Edge {
         Ok(Edge {
             driver: Driver::new(gate, config),
             store,
+            reply: EdgeReply::default(),
+            seen_deadline: None,
         })
     }
 
@@ -193,8 +229,9 @@ impl Edge {
             })
     }
 
-    /// A request arrives, `id` JavaScript's name for it: its reply if decided now, else
-    /// nothing (it comes out of [`poll_decision`](Self::poll_decision)). `headers` is
+    /// A request arrives, `id` JavaScript's name for it: [`PASS`] or [`DENY`] if decided now
+    /// (the reply is then the current one), else [`WAITING`] (the reply comes out of
+    /// [`poll_decision`](Self::poll_decision)). `headers` is
     /// `name\nvalue\n` per header, names in lower case (those of
     /// [`header_names`](Self::header_names) suffice). Throws (a client error, `400`) when a
     /// cost header is out of bounds or a descriptor is too long.
@@ -206,16 +243,13 @@ impl Edge {
         headers: &str,
         peer: Option<String>,
         now_ms: f64,
-    ) -> Result<Option<EdgeReply>, JsError> {
+    ) -> Result<u8, JsError> {
         let request = JsRequest::new(method, url, headers, peer.as_deref());
         let started = self
             .driver
             .request(&mut self.store, u64::from(id), &request, whole(now_ms))
             .map_err(|e| JsError::new(&e.to_string()))?;
-        Ok(match started {
-            Started::Decided(d) => Some(reply(d)),
-            Started::Waiting => None,
-        })
+        Ok(self.verdict(started))
     }
 
     /// Binding mode: a request of one limit on `key` (Cloudflare's `limit({ key, cost })`),
@@ -230,7 +264,7 @@ impl Edge {
         duration_ms: f64,
         cost: f64,
         now_ms: f64,
-    ) -> Result<Option<EdgeReply>, JsError> {
+    ) -> Result<u8, JsError> {
         let duration = WindowDuration::from_ms(count(duration_ms, "period")?)
             .map_err(|e| JsError::new(&format!("period: {e}")))?;
         let subject = Subject {
@@ -246,10 +280,7 @@ impl Edge {
             .driver
             .request_limits(&mut self.store, u64::from(id), vec![subject], whole(now_ms))
             .map_err(|e| JsError::new(&e.message))?;
-        Ok(match started {
-            Started::Decided(d) => Some(reply(d)),
-            Started::Waiting => None,
-        })
+        Ok(self.verdict(started))
     }
 
     /// The gateway answered call `call` with `status` and `body`.
@@ -289,9 +320,16 @@ impl Edge {
         })
     }
 
-    /// The reply of a request that waited, once decided.
-    pub fn poll_decision(&mut self) -> Option<EdgeReply> {
-        self.driver.poll_decision().map(reply)
+    /// The id of a request that waited, now decided, or -1; its reply becomes the current
+    /// one.
+    pub fn poll_decision(&mut self) -> f64 {
+        match self.driver.poll_decision() {
+            Some(d) => {
+                self.reply = reply(d);
+                f64::from(self.reply.request)
+            }
+            None => -1.0,
+        }
     }
 
     /// A line to log.
@@ -303,8 +341,72 @@ impl Edge {
     }
 
     /// When to call [`timeout`](Self::timeout) next (Unix ms), or -1: nothing waits for time.
-    pub fn next_deadline(&self) -> f64 {
-        self.driver.poll_timeout().map_or(-1.0, js_number)
+    pub fn next_deadline(&mut self) -> f64 {
+        self.seen_deadline = self.driver.poll_timeout();
+        self.seen_deadline.map_or(-1.0, js_number)
+    }
+
+    /// Whether there is anything to drain or a timer to arm: a call, a decision or a log line
+    /// queued, or a deadline other than the one [`next_deadline`](Self::next_deadline) last
+    /// reported. One call instead of the four a drain makes, on the warm path where there is
+    /// nothing.
+    pub fn wants_pump(&self) -> bool {
+        self.driver.has_output() || self.driver.poll_timeout() != self.seen_deadline
+    }
+
+    /// Whether the rules read the connection's address (`remote_address` with the `peer`
+    /// source): JavaScript reads `request.cf` only then.
+    #[wasm_bindgen(getter)]
+    pub fn reads_peer(&self) -> bool {
+        self.driver.gate().rules().reads().peer
+    }
+
+    /// Whether the current reply lets its request go on.
+    #[wasm_bindgen(getter)]
+    pub fn reply_allowed(&self) -> bool {
+        self.reply.allowed
+    }
+
+    /// The current reply's status: `429` on a denial, else `200`.
+    #[wasm_bindgen(getter)]
+    pub fn reply_status(&self) -> u16 {
+        self.reply.status
+    }
+
+    /// The current reply's headers, `name\nvalue\n` per header (one string: one copy out).
+    #[wasm_bindgen(getter)]
+    pub fn reply_headers(&self) -> String {
+        self.reply.headers.clone()
+    }
+
+    /// The JSON body of the current reply, a denial (empty on a pass).
+    #[wasm_bindgen(getter)]
+    pub fn reply_body(&self) -> String {
+        self.reply.body.clone()
+    }
+
+    /// Which path decided the current reply: `local`, `origin` or `fallback`.
+    #[wasm_bindgen(getter)]
+    pub fn reply_by(&self) -> String {
+        self.reply.by.clone()
+    }
+
+    /// The binding's answer: the limit of the current reply's first enforced limit.
+    #[wasm_bindgen(getter)]
+    pub fn reply_limit(&self) -> f64 {
+        self.reply.limit
+    }
+
+    /// What is left of it.
+    #[wasm_bindgen(getter)]
+    pub fn reply_remaining(&self) -> f64 {
+        self.reply.remaining
+    }
+
+    /// When its window ends (Unix ms).
+    #[wasm_bindgen(getter)]
+    pub fn reply_reset(&self) -> f64 {
+        self.reply.reset
     }
 
     /// Counters as JSON: requests and how each was decided, gateway calls, replays, the

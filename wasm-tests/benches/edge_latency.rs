@@ -1,8 +1,10 @@
 //! What the edge adds to a request, in workerd on loopback: the same upstream reached through
 //! a pass-through Worker and through the Strata edge (a warm key far from its limit), measured
 //! in the same run with interleaved sequential requests, then in alternating rounds of
-//! `CONNECTIONS` requests in flight (requests/s, p50, p99); then the bundle's size and the
-//! cost of one warm decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
+//! `CONNECTIONS` requests in flight (requests/s, p50, p99), where a third contender is the edge
+//! with `STRATA_HEADERS_ON_PASS=false` (a pass returns the upstream's response as it came,
+//! without the copy that adding headers takes); then the bundle's size and the cost of one warm
+//! decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
 //!
 //!     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
 //!     cargo bench -p strata-wasm-tests --bench edge_latency
@@ -82,11 +84,18 @@ async fn main() {
         ("STRATA_UPSTREAM", &upstream.base),
         ("STRATA_RULES", rules),
     ]);
+    let mut bare_passes = Workerd::proxy(&[
+        ("STRATA_GATEWAY_URL", &gateway.base),
+        ("STRATA_UPSTREAM", &upstream.base),
+        ("STRATA_RULES", rules),
+        ("STRATA_HEADERS_ON_PASS", "false"),
+    ]);
     let mut plain = Workerd::example_from(
         &common::root().join("wasm-tests/bench/passthrough.mjs"),
         &[("STRATA_UPSTREAM", &upstream.base)],
     );
     edge.ready().await;
+    bare_passes.ready().await;
     plain.ready().await;
 
     let mut times = [Vec::new(), Vec::new()];
@@ -131,19 +140,23 @@ async fn main() {
         let rounds = (
             round(&http, &plain.base).await,
             round(&http, &edge.base).await,
+            round(&http, &bare_passes.base).await,
         );
-        let (Ok((pr, pt)), Ok((er, et))) = rounds else {
+        let (Ok((pr, pt)), Ok((er, et)), Ok((br, bt))) = rounds else {
             panic!("{rounds:?}\n{}\n{}", plain.log(), edge.log());
         };
         println!(
             "  round {n}: pass-through {pr:6.0} req/s p50 {:5.0} us p99 {:5.0} us | strata edge \
-             {er:6.0} req/s p50 {:5.0} us p99 {:5.0} us | {:.2}x, p99 {:+.0} us",
+             {er:6.0} req/s p50 {:5.0} us p99 {:5.0} us | {:.2}x, p99 {:+.0} us | without pass \
+             headers {br:6.0} req/s | {:.2}x, p99 {:+.0} us",
             common::percentile_us(&pt, 0.5),
             common::percentile_us(&pt, 0.99),
             common::percentile_us(&et, 0.5),
             common::percentile_us(&et, 0.99),
             er / pr,
             common::percentile_us(&et, 0.99) - common::percentile_us(&pt, 0.99),
+            br / pr,
+            common::percentile_us(&bt, 0.99) - common::percentile_us(&pt, 0.99),
         );
     }
     let dist = common::root().join("edge/dist");

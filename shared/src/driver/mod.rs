@@ -506,6 +506,11 @@ impl Driver {
         }
     }
 
+    /// Whether a decision, a call or a log line waits to be polled.
+    pub fn has_output(&self) -> bool {
+        !(self.decided.is_empty() && self.transmits.is_empty() && self.logs.is_empty())
+    }
+
     /// A decision ready, of a request that waited.
     pub fn poll_decision(&mut self) -> Option<Decided> {
         self.decided.pop_front()

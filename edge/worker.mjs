@@ -35,6 +35,8 @@ const RULES_NONE = '{"rules":[]}';
 // What `Edge.start` answers: the request waits, passes or is denied.
 const WAITING = 0;
 const PASS = 1;
+// The debug counters' path; a URL is parsed to match it only when the text holds it.
+const STATS = "/__strata/stats";
 // How often a request waiting for the gateway looks for its decision.
 const POLL_MS = 1;
 
@@ -298,7 +300,7 @@ function setHeaders(target, text) {
 async function proxy(request, env, ctx) {
   const state = stateFor(env);
   if (state.error) return errorResponse(500, "invalid_configuration", state.error);
-  if (state.debug && new URL(request.url).pathname === "/__strata/stats") {
+  if (state.debug && request.url.includes(STATS) && new URL(request.url).pathname === STATS) {
     return json(200, JSON.parse(state.edge.stats()));
   }
   let reply;

@@ -79,11 +79,8 @@ start() {
 }
 
 # load PORT [wrk args...] : requests/s, p50 and p99.
-load() {
-  local port=$1; shift
-  wrk -t1 -c32 -d"${DURATION}s" --latency "$@" "http://127.0.0.1:$port/" |
-    awk '/^ +50%/{p50=$2} /^ +99%/{p99=$2} /^Requests\/sec/{rps=$2} END{printf "%9.0f req/s  p50 %8s  p99 %8s", rps, p50, p99}'
-}
+load() { wrk_line 32 "$DURATION" "$@"; }
+warm() { load "$1" -H "x-api-key: warm"; }
 
 names=(none noop strata)
 envoy_config none -
@@ -112,15 +109,9 @@ idle() {
 echo "Each Envoy after start:"
 idle "${names[@]}"
 echo "Warm key, --concurrency 1, wrk -t1 -c32 -d${DURATION}s; ratio to no Wasm filter in the same round:"
-for r in $(seq "$ROUNDS"); do
-  base=""
-  for n in "${names[@]}"; do
-    line=$(load "${port[$n]}" -H "x-api-key: warm")
-    rps=$(awk '{print $1}' <<<"$line")
-    base=${base:-$rps}
-    printf "  round %s  %-9s %s  %.2fx\n" "$r" "$n" "$line" "$(echo "$rps / $base" | bc -l)"
-  done
-done
+contenders=()
+for n in "${names[@]}"; do contenders+=("$n=${port[$n]}"); done
+ratio_rounds "$ROUNDS" warm "${contenders[@]}"
 
 keyed=(strata)
 [ -n "${BASELINE_WASM:-}" ] && keyed+=(baseline)

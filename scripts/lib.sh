@@ -61,3 +61,29 @@ require_built() {
     [ -e "$need" ] || { echo "missing $need: $hint" >&2; exit 1; }
   done
 }
+
+# wrk_line CONNECTIONS SECONDS PORT [wrk args...] : requests/s, p50 and p99 of one wrk run
+# (one thread) against http://127.0.0.1:PORT/.
+wrk_line() {
+  local connections=$1 seconds=$2 port=$3
+  shift 3
+  wrk -t1 -c"$connections" -d"${seconds}s" --latency "$@" "http://127.0.0.1:$port/" |
+    awk '/^ +50%/{p50=$2} /^ +99%/{p99=$2} /^Requests\/sec/{rps=$2} END{printf "%9.0f req/s  p50 %8s  p99 %8s", rps, p50, p99}'
+}
+
+# ratio_rounds ROUNDS LOAD NAME=PORT... : ROUNDS rounds of `LOAD PORT` (a function printing a
+# wrk_line) for each contender in turn, each line with its requests/s as a ratio of the
+# first contender's in the same round.
+ratio_rounds() {
+  local rounds=$1 load=$2 r c base line rps
+  shift 2
+  for r in $(seq "$rounds"); do
+    base=""
+    for c in "$@"; do
+      line=$("$load" "${c#*=}")
+      rps=$(awk '{print $1}' <<<"$line")
+      base=${base:-$rps}
+      printf "  round %s  %-13s %s  %.2fx\n" "$r" "${c%%=*}" "$line" "$(echo "$rps / $base" | bc -l)"
+    done
+  done
+}

@@ -12,13 +12,14 @@
 //! `slots / SWEEP_PASSES`, not every slot.
 
 use strata_core::cell::WindowState;
-use strata_core::decision::{Counts, MultiDecision};
+use strata_core::decision::MultiDecision;
 use strata_core::driver::{Home, Store, refused};
 use strata_core::identity::WindowKeyRef;
 use strata_core::origin::OriginAnswer;
 use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::{self, Begin, OriginCall};
 use strata_core::table::{LimitRequest, TooManyLimits};
+use strata_core::wire::CellsResponse;
 use strata_core::{CounterTable, FailureMode, WindowDuration};
 
 use crate::host::{Host, SetError};
@@ -371,11 +372,23 @@ impl<H: Host> Store for Homes<'_, H> {
         self.state.table.take_replay_from(max, now_ms, None, from)
     }
 
-    fn ack_replay(&mut self, home: Home, batch: &ReplayBatch, counts: &[Counts], now_ms: u64) {
+    fn ack_replay(
+        &mut self,
+        home: Home,
+        batch: &ReplayBatch,
+        answer: &CellsResponse,
+        sent_ms: u64,
+        now_ms: u64,
+    ) {
         if home != SHARED {
-            return self.state.table.ack_replay(batch, counts);
+            self.state.table.ack_replay(batch, &answer.cells);
+            return self
+                .state
+                .table
+                .renewed_all(batch, &answer.renewed, sent_ms);
         }
-        for (event, counts) in batch.events.iter().zip(counts) {
+        // The shared slots ask for no renewal (their replay takes no renew window).
+        for (event, counts) in batch.events.iter().zip(&answer.cells) {
             self.on_slot(event.key.as_ref(), now_ms, true, |one| {
                 one.state.apply_replay(event.sequence, *counts, event.used);
             });

@@ -229,6 +229,9 @@ impl Gate {
             ..TableConfig::default()
         };
         config.origin.failure_mode = self.options.failure_mode;
+        // A lease in use far from the limit rides the replay to its renewal, as in the
+        // gateway, instead of making a request wait for a decision when it runs out.
+        config.renew_leases = true;
         CounterTable::new(config, seed)
     }
 

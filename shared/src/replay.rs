@@ -93,6 +93,7 @@ impl ReplayBatch {
                     limit: e.limit,
                     release: e.release,
                     acked: e.acked,
+                    renew: e.renew,
                 })
                 .collect(),
         }
@@ -360,6 +361,25 @@ impl CounterTable {
             self.slab.slots[i]
                 .state
                 .apply_renewal(event.sequence, event.renew, lease_id, until_ms);
+        }
+    }
+
+    /// [`renewed`](Self::renewed) for each lease a replay answer renewed: `renewed[i].event`
+    /// indexes `batch`'s events, and each lease runs `lease_ms` from `sent_ms`, when the
+    /// batch was sent (this process's clock). An index outside the batch is ignored.
+    pub fn renewed_all(
+        &mut self,
+        batch: &ReplayBatch,
+        renewed: &[wire::RenewedLease],
+        sent_ms: u64,
+    ) {
+        for r in renewed {
+            let event = usize::try_from(r.event)
+                .ok()
+                .and_then(|i| batch.events.get(i));
+            if let Some(event) = event {
+                self.renewed(event, r.lease_id, sent_ms.saturating_add(r.lease_ms));
+            }
         }
     }
 

@@ -13,7 +13,8 @@ use strata_core::driver::{
 use strata_core::gate::Gate;
 use strata_core::rules::ListRequest;
 use strata_core::wire::{
-    CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, ReplayRequest,
+    CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, RenewedLease,
+    ReplayRequest,
 };
 use strata_core::{Counts, FailureMode};
 
@@ -105,7 +106,11 @@ fn replayed(t: &Transmit) -> String {
             global: 0,
         })
         .collect();
-    serde_json::to_string(&CellsResponse { cells }).unwrap()
+    serde_json::to_string(&CellsResponse {
+        cells,
+        renewed: Vec::new(),
+    })
+    .unwrap()
 }
 
 #[test]
@@ -327,4 +332,61 @@ fn a_repeated_failure_is_logged_once_per_interval() {
         lines[1].message
     );
     assert_eq!(d.stats().origin_failures, 100);
+}
+
+/// Drives requests on user "a" every 100 ms from `T0` to `until`, answering every call: a
+/// decision lends 100 for 5 s (lease 1), a replay counts what it carries and, with `renew`,
+/// renews the lease an event asks to renew (under the next id, for 5 s). Returns the decide
+/// calls made after the first and the replay events that asked for a renewal.
+fn steady_use(renew: bool, until: u64) -> (usize, usize) {
+    let (mut d, mut store) = driver(FailureMode::Local, 1_000);
+    let (mut decides, mut asked) = (0, 0);
+    let mut now = T0;
+    while now <= until {
+        d.request(&mut store, now, &user("a"), now).unwrap();
+        d.timeout(&mut store, now);
+        for t in transmits(&mut d) {
+            if t.path == DECIDE_PATH {
+                decides += 1;
+                grant(&mut d, &mut store, &t, 100, now);
+                continue;
+            }
+            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+            let mut answer: CellsResponse = serde_json::from_str(&replayed(&t)).unwrap();
+            for (i, e) in request.events.iter().enumerate() {
+                if e.renew > 0 {
+                    asked += 1;
+                    if renew {
+                        answer.renewed.push(RenewedLease {
+                            event: i as u64,
+                            lease_id: e.renew + 1,
+                            lease_ms: 5_000,
+                        });
+                    }
+                }
+            }
+            let body = serde_json::to_string(&answer).unwrap();
+            d.answer(&mut store, t.call, 200, body.as_bytes(), now);
+        }
+        std::iter::from_fn(|| d.poll_decision()).for_each(drop);
+        now += 100;
+    }
+    (decides - 1, asked)
+}
+
+#[test]
+fn a_lease_in_steady_use_is_renewed_by_the_replay_so_no_request_waits_when_it_ends() {
+    // Lease 1 ends at T0 + 5 s; the run goes on to T0 + 8 s at 10 requests a second (80 of the
+    // 100 it lends).
+    let (decides, asked) = steady_use(true, T0 + 8_000);
+    assert!(
+        asked >= 1,
+        "a replay in the lease's last quarter asks to renew it"
+    );
+    assert_eq!(decides, 0, "the renewed lease decides every later request");
+    // The same run with a gateway that renews nothing: the lease ends, and a request waits
+    // for a decision.
+    let (decides, asked) = steady_use(false, T0 + 8_000);
+    assert!(asked >= 1);
+    assert!(decides >= 1, "without the renewal the lease runs out");
 }

@@ -105,7 +105,10 @@ impl Origin {
                 regional(ledger.count())
             })
             .collect();
-        CellsResponse { cells }
+        CellsResponse {
+            cells,
+            renewed: Vec::new(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BATCH, MAX_COUNT,
     MAX_MULTI_LIMITS, MAX_SEQUENCE, MultiRequest, RatelimitRequest, RatelimitResponse, ReadRequest,
-    ReplayRequest,
+    RenewedLease, ReplayRequest,
 };
 use strata_core::{Counts, Decision};
 
@@ -307,10 +307,28 @@ fn responses_have_the_contract_shape() {
             regional: 4,
             global: 2,
         }],
+        renewed: Vec::new(),
     };
     assert_eq!(
         serde_json::to_string(&cells).unwrap(),
         r#"{"cells":[{"regional":4,"global":2}]}"#
+    );
+    let renewed = CellsResponse {
+        renewed: vec![RenewedLease {
+            event: 0,
+            lease_id: 12,
+            lease_ms: 5_000,
+        }],
+        ..cells
+    };
+    let json = serde_json::to_string(&renewed).unwrap();
+    assert_eq!(
+        json,
+        r#"{"cells":[{"regional":4,"global":2}],"renewed":[{"event":0,"lease_id":12,"lease_ms":5000}]}"#
+    );
+    assert_eq!(
+        serde_json::from_str::<CellsResponse>(&json).unwrap(),
+        renewed
     );
     let decided = DecideResponse {
         success: true,
@@ -377,7 +395,7 @@ fn origin_requests_have_the_contract_shape() {
         serde_json::from_str::<DecideRequest>(&json).unwrap(),
         decide
     );
-    let event = |release| ReplayEvent {
+    let event = |release, renew| ReplayEvent {
         namespace: "n".into(),
         identifier: "a".into(),
         duration: 1_000,
@@ -386,16 +404,17 @@ fn origin_requests_have_the_contract_shape() {
         limit: 10,
         release,
         acked: 0,
+        renew,
     };
     let replay = ReplayRequest {
         instance: "e1".into(),
-        events: vec![event(0), event(9)],
+        events: vec![event(0, 0), event(9, 0), event(0, 4)],
     };
     let json = serde_json::to_string(&replay).unwrap();
     assert_eq!(
         json,
-        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10},{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10,"release":9}]}"#,
-        "release is written only when set"
+        r#"{"instance":"e1","events":[{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10},{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10,"release":9},{"namespace":"n","identifier":"a","duration":1000,"sequence":7,"used":3,"limit":10,"renew":4}]}"#,
+        "release and renew are written only when set"
     );
     assert_eq!(
         serde_json::from_str::<ReplayRequest>(&json).unwrap(),

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use strata_core::headers::{Field, HeaderLimit, header_values};
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest,
-    MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
+    MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, RenewedLease, ReplayRequest,
 };
 
 use crate::Gateway;
@@ -236,7 +236,10 @@ async fn origin_read(
         .zip(answers)
         .map(|(c, regional)| (c.key, c.sequence, regional, None));
     let cells = gw.limiter.global.record_cells(read, now);
-    Ok(Json(CellsResponse { cells }))
+    Ok(Json(CellsResponse {
+        cells,
+        renewed: Vec::new(),
+    }))
 }
 
 /// Merges a process's own cumulative counts into the origin (safe to resend: a repeated or
@@ -268,15 +271,18 @@ async fn origin_replay(
             ));
         }
     }
+    let renew: Vec<u64> = req.events.iter().map(|e| e.renew).collect();
     let after = gw
         .limiter
-        .replay_refs(&req.instance, &events, &[], now)
+        .replay_refs(&req.instance, &events, &renew, now)
         .await?;
     // A cell that failed alone fails the call: the others were merged, and merging them
     // again when the caller retries counts nothing twice.
     let mut counts = Vec::with_capacity(events.len());
-    for (e, cell) in events.iter().zip(after) {
-        let Some((cell, _)) = cell else {
+    let mut renewed = Vec::new();
+    let lease_ms = gw.limiter.origin.lease_ms();
+    for (i, (e, cell)) in events.iter().zip(after).enumerate() {
+        let Some((cell, lease_id)) = cell else {
             return Err(ApiError::Origin(OriginError::Backend(format!(
                 "the origin could not merge {}:{} sequence {}",
                 e.cell.key.namespace(),
@@ -285,8 +291,19 @@ async fn origin_replay(
             ))));
         };
         counts.push(cell);
+        if lease_id > 0 {
+            renewed.push(RenewedLease {
+                event: i as u64,
+                lease_id,
+                lease_ms,
+            });
+        }
     }
-    Ok(Json(CellsResponse { cells: counts }))
+    gw.limiter.metrics.leases_renewed(renewed.len());
+    Ok(Json(CellsResponse {
+        cells: counts,
+        renewed,
+    }))
 }
 
 /// Decides at the origin, atomically and exactly, for a caller's cold, stale, strict or

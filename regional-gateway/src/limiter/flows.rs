@@ -13,7 +13,8 @@ use strata_core::origin::OriginAnswer;
 use strata_core::replay::ReplayBatch;
 use strata_core::request::{self, Begin, OriginCall, States};
 use strata_core::table::{LimitRequest, TooManyLimits};
-use strata_core::{CounterTable, Counts, FailureMode, MultiDecision, WindowKeyRef, WindowState};
+use strata_core::wire::CellsResponse;
+use strata_core::{CounterTable, FailureMode, MultiDecision, WindowKeyRef, WindowState};
 use tokio::sync::oneshot;
 
 use crate::local::LocalTables;
@@ -163,7 +164,7 @@ impl Store for Tables<'_> {
     fn take_replay(&mut self, _: Home, _: usize, _: u64, _: usize) -> (ReplayBatch, Option<usize>) {
         (ReplayBatch::default(), None) // no home is the flow's to replay
     }
-    fn ack_replay(&mut self, _: Home, _: &ReplayBatch, _: &[Counts], _: u64) {}
+    fn ack_replay(&mut self, _: Home, _: &ReplayBatch, _: &CellsResponse, _: u64, _: u64) {}
 }
 
 impl Tables<'_> {

@@ -15,11 +15,11 @@ use core::hash::BuildHasher;
 use foldhash::quality::FixedState;
 
 use super::store::{Home, Store};
-use crate::decision::{Counts, MultiDecision};
+use crate::decision::MultiDecision;
 use crate::limit::LimitRequest;
 use crate::replay::ReplayBatch;
 use crate::request::{Begin, OriginCall};
-use crate::wire::{self, DecideResponse};
+use crate::wire::{self, CellsResponse, DecideResponse};
 
 /// The longest wait before a failed replay is sent again.
 pub const MAX_REPLAY_BACKOFF_MS: u64 = 5_000;
@@ -158,6 +158,8 @@ enum Call {
         home: Home,
         batch: Arc<ReplayBatch>,
         next: Option<usize>,
+        /// When the batch was taken: a lease its answer renews runs from then.
+        sent: u64,
         deadline: u64,
     },
 }
@@ -582,6 +584,7 @@ impl Flow {
                 home,
                 batch,
                 next,
+                sent: now_ms,
                 deadline: now_ms.saturating_add(timeout_ms),
             },
         );
@@ -596,15 +599,25 @@ impl Flow {
         lane.next_at = (lane.wanted || periodic).then(|| now_ms.saturating_add(interval));
     }
 
-    /// Replay batch `call` was taken: `counts[i]` is its event `i`'s cell after it.
-    pub fn replayed<S: Store>(&mut self, store: &mut S, call: u64, counts: &[Counts], now_ms: u64) {
+    /// Replay batch `call` was taken: `answer.cells[i]` is its event `i`'s cell after it.
+    pub fn replayed<S: Store>(
+        &mut self,
+        store: &mut S,
+        call: u64,
+        answer: &CellsResponse,
+        now_ms: u64,
+    ) {
         let Some(Call::Replay {
-            home, batch, next, ..
+            home,
+            batch,
+            next,
+            sent,
+            ..
         }) = self.calls.remove(&call)
         else {
             return;
         };
-        store.ack_replay(home, &batch, counts, now_ms);
+        store.ack_replay(home, &batch, answer, sent, now_ms);
         self.stats.replays += 1;
         let lane = self.lane(home);
         lane.failures = 0;

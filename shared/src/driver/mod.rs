@@ -473,7 +473,7 @@ impl Driver {
             Some(CallKind::Replay) => {
                 let cells = self.flow.replay_len(call).unwrap_or(0);
                 match CellsResponse::from_answer(status, body, cells) {
-                    Some(r) => self.flow.replayed(store, call, &r.cells, now_ms),
+                    Some(r) => self.flow.replayed(store, call, &r, now_ms),
                     None => self
                         .flow
                         .failed(store, call, &status_text(status, body), now_ms),

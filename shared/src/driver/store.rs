@@ -4,13 +4,14 @@
 
 use alloc::string::String;
 
-use crate::decision::{Counts, Decision, MultiDecision};
+use crate::decision::{Decision, MultiDecision};
 use crate::limit::LimitRequest;
 use crate::origin::OriginAnswer;
 use crate::policy::FailureMode;
 use crate::replay::ReplayBatch;
 use crate::request::{Begin, OriginCall};
 use crate::table::{CounterTable, TooManyLimits};
+use crate::wire::CellsResponse;
 
 /// One place a store keeps states, with its own instance id at the gateway and its own
 /// replay: a process's table, or the slots an Envoy's VMs share.
@@ -53,8 +54,16 @@ pub trait Store {
         now_ms: u64,
         from: usize,
     ) -> (ReplayBatch, Option<usize>);
-    /// The gateway took `batch`: `counts[i]` is event `i`'s cell after it.
-    fn ack_replay(&mut self, home: Home, batch: &ReplayBatch, counts: &[Counts], now_ms: u64);
+    /// The gateway took `batch`, sent at `sent_ms`: `answer.cells[i]` is event `i`'s cell
+    /// after it, and `answer.renewed` the leases it renewed (each from `sent_ms`).
+    fn ack_replay(
+        &mut self,
+        home: Home,
+        batch: &ReplayBatch,
+        answer: &CellsResponse,
+        sent_ms: u64,
+        now_ms: u64,
+    );
     /// Whether `home` is replayed every interval, whether or not this process's own
     /// requests used it (a home others write to).
     fn periodic(&self, _home: Home) -> bool {
@@ -110,8 +119,16 @@ impl Store for TableStore {
     ) -> (ReplayBatch, Option<usize>) {
         self.table.take_replay_from(max, now_ms, None, from)
     }
-    fn ack_replay(&mut self, _: Home, batch: &ReplayBatch, counts: &[Counts], _: u64) {
-        self.table.ack_replay(batch, counts);
+    fn ack_replay(
+        &mut self,
+        _: Home,
+        batch: &ReplayBatch,
+        answer: &CellsResponse,
+        sent_ms: u64,
+        _: u64,
+    ) {
+        self.table.ack_replay(batch, &answer.cells);
+        self.table.renewed_all(batch, &answer.renewed, sent_ms);
     }
 }
 

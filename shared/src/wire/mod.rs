@@ -256,6 +256,30 @@ pub struct ReadRequest {
 pub struct CellsResponse {
     /// One entry per requested cell or event.
     pub cells: Vec<Counts>,
+    /// The leases the replay renewed, one per event whose `renew` the origin granted (a
+    /// replay only; absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub renewed: Vec<RenewedLease>,
+}
+
+/// A lease a replay renewed: the lease event `event` named in `renew`, now under `lease_id`
+/// and reserved for the caller for `lease_ms` more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RenewedLease {
+    /// The index of the event in the replay's `events`.
+    #[cfg_attr(feature = "openapi", schema(maximum = 999_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub event: u64,
+    /// The lease's new id: later answers about the old one no longer concern it.
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub lease_id: u64,
+    /// How long the caller may keep using it, from when it sent the replay (the origin's
+    /// lease lifetime, `--fresh-for`).
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub lease_ms: u64,
 }
 
 /// A process's own cumulative count of one cell, replayed to the origin.
@@ -301,6 +325,14 @@ pub struct ReplayEvent {
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub acked: u64,
+    /// The id of a lease in use on the cell, far from the limit and near its end, that the
+    /// process asks to keep (default 0: none): the origin renews it for a lease lifetime if
+    /// it is still that process's current lease and the cell still far from the limit, and
+    /// says so in the answer's `renewed`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub renew: u64,
 }
 
 /// `POST /v1/origin/replay` body.

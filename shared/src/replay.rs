@@ -296,7 +296,7 @@ impl CounterTable {
     ) -> (ReplayBatch, Option<usize>) {
         let mut events = Vec::new();
         let renew_within = if self.config().renew_leases {
-            renewal_window(self.config().origin.lease_ms)
+            renewal_window(self.lease_ms)
         } else {
             0
         };
@@ -381,6 +381,7 @@ impl CounterTable {
                 self.renewed(event, r.lease_id, sent_ms.saturating_add(r.lease_ms));
             }
         }
+        self.lent_for(renewed.iter().map(|r| r.lease_ms));
     }
 
     /// Cells holding own cost the origin has not acknowledged (for metrics).

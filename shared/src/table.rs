@@ -149,6 +149,9 @@ impl std::error::Error for TooManyLimits {}
 pub struct CounterTable {
     pub(crate) slab: Slab,
     config: TableConfig,
+    /// The lifetime of the leases the origin lent last (its answers carry it; the configured
+    /// one until then): a lease in use is renewed in the last quarter of it.
+    pub(crate) lease_ms: u64,
 }
 
 impl fmt::Debug for CounterTable {
@@ -193,6 +196,7 @@ impl CounterTable {
                 config.keep_unpublished,
                 config.presize_index,
             ),
+            lease_ms: config.origin.lease_ms,
             config: TableConfig { capacity, ..config },
         }
     }
@@ -292,7 +296,21 @@ impl CounterTable {
         let slots = self.slots_for(keys, now_ms)?;
         let decided = request::finish(&mut self.pinned(&slots), call, answers, now_ms);
         self.unpin(slots);
+        self.lent_for(
+            answers
+                .iter()
+                .filter(|a| a.lease_id > 0)
+                .map(|a| a.lease_ms),
+        );
         Ok(decided)
+    }
+
+    /// Notes the lifetime of leases the origin just lent (the longest of them; none: no
+    /// change), which sets the renewal window.
+    pub(crate) fn lent_for(&mut self, lease_ms: impl Iterator<Item = u64>) {
+        if let Some(ms) = lease_ms.filter(|&ms| ms > 0).max() {
+            self.lease_ms = ms;
+        }
     }
 
     /// The origin could not decide `call` (see [`request::fail`]): decided per the table's

@@ -58,6 +58,11 @@ fn transmits(d: &mut Driver) -> Vec<Transmit> {
 
 /// The gateway's answer to a decide call: every limit passes, counted, with `lease` lent.
 fn granted(t: &Transmit, lease: u64, now: u64) -> String {
+    granted_for(t, lease, 5_000, now)
+}
+
+/// [`granted`], the lease lent for `lease_ms`.
+fn granted_for(t: &Transmit, lease: u64, lease_ms: u64, now: u64) -> String {
     let request: DecideRequest = serde_json::from_str(&t.body).unwrap();
     let results = request
         .limits
@@ -78,7 +83,7 @@ fn granted(t: &Transmit, lease: u64, now: u64) -> String {
                 used: 0,
                 lease,
                 lease_id: 1,
-                lease_ms: 5_000,
+                lease_ms,
             }
         })
         .collect();
@@ -389,4 +394,36 @@ fn a_lease_in_steady_use_is_renewed_by_the_replay_so_no_request_waits_when_it_en
     let (decides, asked) = steady_use(false, T0 + 8_000);
     assert!(asked >= 1);
     assert!(decides >= 1, "without the renewal the lease runs out");
+}
+
+#[test]
+fn a_lease_is_renewed_in_the_last_quarter_of_the_lifetime_the_gateway_lent_it_for() {
+    // The table's own lease lifetime is 5 s (renewal in its last 1.25 s); this gateway lends
+    // for 2 s, so the renewal is asked in the last 500 ms of the lease, not from its 750th ms.
+    let (mut d, mut store) = driver(FailureMode::Local, 1_000);
+    let mut first_ask = None;
+    let mut now = T0;
+    while now <= T0 + 2_000 && first_ask.is_none() {
+        d.request(&mut store, now, &user("a"), now).unwrap();
+        d.timeout(&mut store, now);
+        for t in transmits(&mut d) {
+            if t.path == DECIDE_PATH {
+                let body = granted_for(&t, 100, 2_000, now);
+                d.answer(&mut store, t.call, 200, body.as_bytes(), now);
+                continue;
+            }
+            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+            if request.events.iter().any(|e| e.renew > 0) {
+                first_ask.get_or_insert(now);
+            }
+            d.answer(&mut store, t.call, 200, replayed(&t).as_bytes(), now);
+        }
+        std::iter::from_fn(|| d.poll_decision()).for_each(drop);
+        now += 50;
+    }
+    let asked = first_ask.expect("a renewal asked before the lease ends") - T0;
+    assert!(
+        (1_500..2_000).contains(&asked),
+        "asked {asked} ms into a 2 s lease"
+    );
 }

@@ -63,7 +63,7 @@ pub struct EdgeReply {
     /// The JSON body of a denial (empty on a pass).
     pub body: String,
     /// Which path decided it: `local`, `origin` or `fallback` (the failure mode).
-    pub by: String,
+    pub by: &'static str,
     /// The binding's answer: the limit of the first enforced limit.
     pub limit: f64,
     /// What is left of it.
@@ -149,7 +149,7 @@ fn reply(d: Decided) -> EdgeReply {
                 out
             }),
         body: d.reply.body.unwrap_or_default(),
-        by: d.by.as_str().to_string(),
+        by: d.by.as_str(),
         limit: js_number(first.map_or(0, |d| d.limit)),
         remaining: js_number(first.map_or(0, |d| d.remaining)),
         reset: js_number(first.map_or(0, |d| d.reset_ms)),
@@ -388,7 +388,7 @@ impl Edge {
     /// Which path decided the current reply: `local`, `origin` or `fallback`.
     #[wasm_bindgen(getter)]
     pub fn reply_by(&self) -> String {
-        self.reply.by.clone()
+        self.reply.by.to_string()
     }
 
     /// The binding's answer: the limit of the current reply's first enforced limit.

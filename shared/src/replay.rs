@@ -54,6 +54,7 @@ impl ReplayEvent {
             used: self.used,
             limit: self.limit,
             release: self.release,
+            renew: self.renew,
             acked: self.acked,
         }
     }

@@ -109,7 +109,7 @@ fn a_matching_request_calls_the_gateway_once_per_group_and_its_answer_decides() 
     e.answer(sent[1].call, 200, &granted(&sent[1].body, 0), NOW);
     let replies = decisions(&mut e);
     let reply = &replies[0];
-    assert_eq!((reply.request, reply.by.as_str()), (1, "origin"));
+    assert_eq!((reply.request, reply.by), (1, "origin"));
     assert!(reply.allowed);
     assert_eq!(
         header(reply, "ratelimit-policy"),
@@ -125,7 +125,7 @@ fn a_matching_request_calls_the_gateway_once_per_group_and_its_answer_decides() 
     // The lease decides the next request from memory, and the shadow rule's count (1 of 1)
     // denies it there: no call.
     let reply = start(&mut e, 2, "/api/users", "203.0.113.9").expect("decided from memory");
-    assert_eq!((reply.allowed, reply.by.as_str()), (true, "local"));
+    assert_eq!((reply.allowed, reply.by), (true, "local"));
     assert!(calls(&mut e).is_empty());
 }
 

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
 use common::slow::SlowProxy;
-use common::stack::{Stack, admitted, burst, get, header, stack};
+use common::stack::{
+    RENEWING, Stack, admitted, assert_renewed, burst, get, header, stack, stack_with, steady_use,
+};
 use common::upstream::port_of;
 use serde_json::{Value, json};
 
@@ -618,4 +620,21 @@ async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
     };
     flood(&mut s, "envoy", &e.base, tables, figures).await;
     assert!(!e.log().contains("panicked"), "{}", e.log());
+}
+
+/// The renewal row ([`common::stack::steady_use`]) through an Envoy whose VMs keep keys in
+/// their own tables (`shared_slots: 0`; the shared slots ask for no renewal): over three of
+/// the gateway's 2 s lease lifetimes the key is decided at the gateway once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request() {
+    let s = stack_with(&RENEWING).await;
+    let e = envoy(&s, &per_key(1_000_000), &json!({"shared_slots": 0})).await;
+    let sent = steady_use(&s, &e.base).await;
+    assert_eq!(e.stat(&s.http, "strata.ok").await, sent);
+    assert_eq!(
+        e.stat(&s.http, "strata.decided.origin").await,
+        1,
+        "only the key's first request waited for the gateway"
+    );
+    assert_renewed(&s).await;
 }

@@ -14,7 +14,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::hostile;
-use common::stack::{Stack, admitted, burst, get, header, now_ms, per_key_rules, stack};
+use common::stack::{
+    RENEWING, Stack, admitted, assert_renewed, burst, get, header, now_ms, per_key_rules, stack,
+    stack_with, steady_use,
+};
 use common::workerd::Workerd;
 use serde_json::{Value, json};
 
@@ -571,36 +574,17 @@ async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
     }
 }
 
-/// A key in steady use keeps its lease: each replay near the lease's end asks the gateway
-/// process to renew it (lent for 2 s here), so over three lease lifetimes the edge decides
-/// the key at the gateway once and every later request from memory.
+/// The renewal row ([`common::stack::steady_use`]): a key in steady use keeps its lease, so
+/// over three of the gateway's 2 s lease lifetimes the edge decides it at the gateway once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request() {
-    let redis = common::redis::RedisServer::start();
-    let http = reqwest::Client::new();
-    let mut gateway =
-        common::process::GatewayProcess::start(&["--redis-url", &redis.url(), "--fresh-for", "2s"]);
-    gateway.ready(&http).await;
-    let s = Stack {
-        http,
-        redis,
-        gateway: Some(gateway),
-        upstream: common::upstream::Upstream::start().await,
-    };
+    let s = stack_with(&RENEWING).await;
     let rules = per_key_rules(1_000_000);
     let mut vars = edge_vars(&s, &rules);
     vars.push(("STRATA_DEBUG", "true"));
     let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
-    let url = format!("{}/items", edge.base);
-    let started = Instant::now();
-    let mut sent = 0_u64;
-    while started.elapsed() < Duration::from_millis(6_500) {
-        let (status, _, body) = get(&s.http, &url, &[("x-api-key", "steady")]).await;
-        assert_eq!(status, 200, "{body}");
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(40)).await;
-    }
+    let sent = steady_use(&s, &format!("{}/items", edge.base)).await;
     let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
     let stats: Value = serde_json::from_str(&stats).unwrap();
     assert_eq!(stats["requests"], sent, "{stats}");
@@ -608,10 +592,5 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
         stats["decided"]["origin"], 1,
         "only the key's first request waited for the gateway: {stats}"
     );
-    let metrics = common::process::metrics(&s.http, s.gateway()).await;
-    let renewed = common::process::metric_sum(&metrics, |l| l.starts_with("strata_lease_renewals"));
-    assert!(
-        renewed >= 2.0,
-        "one renewal per lease lifetime at least: {renewed}"
-    );
+    assert_renewed(&s).await;
 }

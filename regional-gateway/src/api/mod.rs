@@ -271,11 +271,7 @@ async fn origin_replay(
             ));
         }
     }
-    let renew: Vec<u64> = req.events.iter().map(|e| e.renew).collect();
-    let after = gw
-        .limiter
-        .replay_refs(&req.instance, &events, &renew, now)
-        .await?;
+    let after = gw.limiter.replay_refs(&req.instance, &events, now).await?;
     // A cell that failed alone fails the call: the others were merged, and merging them
     // again when the caller retries counts nothing twice.
     let mut counts = Vec::with_capacity(events.len());

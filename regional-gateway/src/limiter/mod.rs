@@ -401,10 +401,9 @@ impl Limiter {
             return (Sent::All, 0, None);
         }
         let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
-        let renew: Vec<u64> = batch.events.iter().map(|e| e.renew).collect();
         // A renewed lease runs a lease lifetime from when the batch was taken.
         let until = now.saturating_add(self.origin.lease_ms());
-        match self.replay_refs(&self.instance, &refs, &renew, now).await {
+        match self.replay_refs(&self.instance, &refs, now).await {
             Ok(answers) => {
                 let (mut delivered, mut renewed) = (0, 0);
                 let acks = batch.events.iter().zip(answers).filter_map(|(e, answer)| {
@@ -431,8 +430,8 @@ impl Limiter {
         }
     }
 
-    /// Merges `instance`'s replayed own counts at the origin, renews the leases `renew` names
-    /// (per event, 0: none; an empty slice: none at all), and records each cell's answer in
+    /// Merges `instance`'s replayed own counts at the origin, renews the leases events ask
+    /// for (`renew`), and records each cell's answer in
     /// the region view (with the limit it was admitted under); returns the counts as the
     /// gateway answers them and the renewed lease's id (0: not renewed), `None` for a cell
     /// that failed alone.
@@ -440,18 +439,16 @@ impl Limiter {
         &self,
         instance: &str,
         events: &[ReplayRef<'_>],
-        renew: &[u64],
         now_ms: u64,
     ) -> Result<Vec<Option<(Counts, u64)>>, OriginError> {
         let cells: Vec<CellUsed<'_>> = events
             .iter()
-            .enumerate()
-            .map(|(i, e)| CellUsed {
+            .map(|e| CellUsed {
                 key: e.cell.key,
                 sequence: e.cell.sequence,
                 used: e.used,
                 release: e.release,
-                renew: renew.get(i).copied().unwrap_or(0),
+                renew: e.renew,
                 acked: e.acked,
             })
             .collect();

@@ -517,6 +517,8 @@ pub struct ReplayRef<'a> {
     pub limit: u64,
     /// The id of the lease the process gives back (0: none).
     pub release: u64,
+    /// The id of the lease in use the process asks to have renewed (0: none).
+    pub renew: u64,
     /// The largest count the origin acknowledged for the cell, as the process knows it (0:
     /// unknown); only a hint.
     pub acked: u64,
@@ -742,6 +744,7 @@ impl ReplayRequest {
                     used: count(&path, "used", e.used)?,
                     limit: count(&path, "limit", e.limit)?,
                     release: e.release,
+                    renew: e.renew,
                     acked: e.acked,
                 })
             })

@@ -21,8 +21,14 @@ pub struct Stack {
 
 /// A private Redis, a gateway process on it, and an upstream.
 pub async fn stack() -> Stack {
+    stack_with(&[]).await
+}
+
+/// [`stack`], the gateway started with `args` too.
+pub async fn stack_with(args: &[&str]) -> Stack {
     let redis = RedisServer::start();
-    let mut gateway = GatewayProcess::start(&["--redis-url", &redis.url()]);
+    let url = redis.url();
+    let mut gateway = GatewayProcess::start(&[&["--redis-url", url.as_str()], args].concat());
     let http = reqwest::Client::new();
     gateway.ready(&http).await;
     Stack {
@@ -222,4 +228,31 @@ pub async fn burst(
         }
     }
     Ok(admitted)
+}
+
+/// The gateway's arguments of the renewal row: leases lent for 2 s.
+pub const RENEWING: [&str; 2] = ["--fresh-for", "2s"];
+
+/// The renewal row: one key (`x-api-key: steady`) requested at `url` every 40 ms for 6.5 s,
+/// three of [`RENEWING`]'s lease lifetimes, each request passing. Returns how many were sent.
+pub async fn steady_use(s: &Stack, url: &str) -> u64 {
+    let started = Instant::now();
+    let mut sent = 0_u64;
+    while started.elapsed() < Duration::from_millis(6_500) {
+        let (status, _, body) = get(&s.http, url, &[("x-api-key", "steady")]).await;
+        assert_eq!(status, 200, "{body}");
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    sent
+}
+
+/// The renewal row's check at the gateway: it renewed the lease at least once a lifetime.
+pub async fn assert_renewed(s: &Stack) {
+    let metrics = super::process::metrics(&s.http, s.gateway()).await;
+    let renewed = super::process::metric_sum(&metrics, |l| l.starts_with("strata_lease_renewals"));
+    assert!(
+        renewed >= 2.0,
+        "one renewal per lease lifetime at least: {renewed}"
+    );
 }

@@ -12,6 +12,7 @@
 #   ./scripts/build-edge.sh && cargo build --release -p strata-gateway
 #   scripts/bench-edge.sh                             # 3 rounds of 5 s, 10,000 keys
 #   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-edge.sh
+#   EDGE_VARS="STRATA_FAILURE_MODE=deny" scripts/bench-edge.sh   # more settings for the edges
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -79,6 +80,8 @@ upstream="http://127.0.0.1:$PORT"
 rules='{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000, "duration": "1h",
   "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]}]}'
 edge_vars=("STRATA_GATEWAY_URL=http://127.0.0.1:$gw_port" "STRATA_UPSTREAM=$upstream" "STRATA_RULES=$rules")
+read -r -a extra <<<"${EDGE_VARS:-}"
+edge_vars+=("${extra[@]}")
 names=(pass-through edge no-headers)
 declare -A port
 serve pass-through wasm-tests/bench/passthrough.mjs "STRATA_UPSTREAM=$upstream"
@@ -116,10 +119,11 @@ done
 curl -s "127.0.0.1:${port[keys]}/__strata/stats" | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
-local, origin, fallback = (s["decided"][k] for k in ("local", "origin", "fallback"))
-per = 1000 * origin / max(local + origin + fallback, 1)
+local, origin, fallback, ahead = (s["decided"][k] for k in ("local", "origin", "fallback", "ahead"))
+total = max(local + origin + fallback + ahead, 1)
 calls, replays, entries = s["origin_calls"], s["replays"], s["table"]["entries"]
-print(f"  keys          decided locally {local}, at the gateway {origin} ({per:.1f} per 1,000), "
-      f"gateway calls {calls}, replays {replays}, table entries {entries}")'
+print(f"  keys          decided locally {local}, ahead of the gateway {ahead}, at the gateway "
+      f"{origin} ({1000 * origin / total:.1f} per 1,000 waited), gateway calls {calls} "
+      f"({1000 * calls / total:.1f} per 1,000), replays {replays}, table entries {entries}")'
 echo "Each workerd after the rounds:"
 resident "${names[@]}" keys

@@ -130,6 +130,7 @@ done
 for n in "${keyed[@]}"; do
   curl -s "127.0.0.1:${admin[$n-keys]}/stats" | awk -v n="$n" '
     /wasmcustom.strata.decided.local:/ {l=$2} /wasmcustom.strata.decided.origin:/ {o=$2}
+    /wasmcustom.strata.decided.ahead:/ {a=$2} /wasmcustom.strata.origin.calls:/ {c=$2}
     /wasmcustom.strata.replay.ok:/ {r=$2}
-    END {printf "  %-9s decided locally %d, at the gateway %d (%.1f per 1,000), replay batches %d\n", n, l, o, 1000*o/(l+o), r}'
+    END {t=l+o+a; printf "  %-9s decided locally %d, ahead of the gateway %d, at the gateway %d (%.1f per 1,000 waited), gateway calls %d (%.1f per 1,000), replay batches %d\n", n, l, a, o, 1000*o/t, c, 1000*c/t, r}'
 done

@@ -421,6 +421,7 @@ impl Edge {
                 "local": s.decided_local,
                 "origin": s.decided_origin,
                 "fallback": s.decided_fallback,
+                "ahead": s.decided_ahead,
             },
             "origin_calls": s.origin_calls,
             "origin_failures": s.origin_failures,

@@ -133,7 +133,7 @@ pub fn apply(host: &impl Host, settled: Vec<Settle>, current: u32) {
 type Stat<T> = (Metric, fn(&T) -> u64);
 
 /// Each host counter the driver's counts feed, and how it reads them.
-const DRIVER_STATS: [Stat<DriverStats>; 13] = [
+const DRIVER_STATS: [Stat<DriverStats>; 14] = [
     (Metric::Ok, |s| s.ok),
     (Metric::RateLimited, |s| s.enforced.saturating_add(s.shadow)),
     (Metric::Enforced, |s| s.enforced),
@@ -141,6 +141,7 @@ const DRIVER_STATS: [Stat<DriverStats>; 13] = [
     (Metric::DecidedLocal, |s| s.decided_local),
     (Metric::DecidedOrigin, |s| s.decided_origin),
     (Metric::DecidedFallback, |s| s.decided_fallback),
+    (Metric::DecidedAhead, |s| s.decided_ahead),
     (Metric::OriginCalls, |s| s.origin_calls),
     (Metric::OriginFailures, |s| s.origin_failures),
     (Metric::Coalesced, |s| s.coalesced),

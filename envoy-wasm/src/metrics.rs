@@ -22,6 +22,9 @@ pub enum Metric {
     DecidedOrigin,
     /// Decided by the failure mode (the gateway failed or was too slow).
     DecidedFallback,
+    /// Decided from the VM's memory ahead of the gateway's answer (a cold key far from its
+    /// limit; the call goes out meanwhile).
+    DecidedAhead,
     /// Decision calls sent to the gateway.
     OriginCalls,
     /// Decision calls that failed (refused, error status, timeout).
@@ -56,7 +59,7 @@ const GAUGES: [Metric; 4] = [
     Metric::MemoryBytes,
 ];
 
-const ALL: [(Metric, &str); 19] = [
+const ALL: [(Metric, &str); 20] = [
     (Metric::Ok, "ok"),
     (Metric::RateLimited, "rate_limited"),
     (Metric::Enforced, "enforced"),
@@ -64,6 +67,7 @@ const ALL: [(Metric, &str); 19] = [
     (Metric::DecidedLocal, "decided.local"),
     (Metric::DecidedOrigin, "decided.origin"),
     (Metric::DecidedFallback, "decided.fallback"),
+    (Metric::DecidedAhead, "decided.ahead"),
     (Metric::OriginCalls, "origin.calls"),
     (Metric::OriginFailures, "origin.failures"),
     (Metric::Coalesced, "origin.coalesced"),

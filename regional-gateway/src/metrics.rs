@@ -22,6 +22,8 @@ pub enum Source {
     Origin,
     /// Local, because the origin read failed.
     Fallback,
+    /// From local memory ahead of the origin's answer (a cold key far from its limit).
+    Ahead,
 }
 
 impl Source {
@@ -30,11 +32,12 @@ impl Source {
             Source::Local => 0,
             Source::Origin => 1,
             Source::Fallback => 2,
+            Source::Ahead => 3,
         }
     }
 }
 
-const SOURCES: [&str; 3] = ["local", "origin", "fallback"];
+const SOURCES: [&str; 4] = ["local", "origin", "fallback", "ahead"];
 const OUTCOMES: [&str; 2] = ["allowed", "denied"];
 const OPS: [&str; 4] = ["read", "replay", "decide", "ping"];
 const RESULTS: [&str; 5] = ["ok", "timeout", "circuit_open", "backend", "rejected"];
@@ -112,7 +115,7 @@ pub struct Gauges {
 #[derive(Debug)]
 pub struct Metrics {
     decision_family: Family<DecisionLabels, Counter>,
-    decisions: [[Counter; 2]; 3],
+    decisions: [[Counter; 2]; SOURCES.len()],
     reason_family: Family<ReasonLabels, Counter>,
     origin_reasons: [Counter; REASONS.len()],
     call_family: Family<CallLabels, Counter>,

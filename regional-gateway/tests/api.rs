@@ -401,17 +401,22 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
     assert!(requests * 50 < fresh_for);
     let m = &g.gateway.limiter.metrics;
     let at_origin = m.decisions(Source::Origin);
+    assert_eq!(
+        m.decisions(Source::Ahead),
+        1,
+        "cold: passed ahead of its call"
+    );
     assert_eq!(m.origin_calls("read"), 0, "decisions never read");
-    assert_eq!(m.origin_calls("decide"), at_origin);
+    assert_eq!(m.origin_calls("decide"), at_origin + 1);
     assert_eq!(m.origin_reasons(Reason::Cold), 1);
     assert_eq!(
         m.origin_reasons(Reason::Lease),
-        at_origin - 1,
+        at_origin,
         "only when a lease ran out"
     );
     // A lease at least twice the last each time: at most log2(50) + 1 decisions.
-    assert!((1..=7).contains(&at_origin), "{at_origin}");
-    assert_eq!(m.decisions(Source::Local), requests - at_origin);
+    assert!((0..=6).contains(&at_origin), "{at_origin}");
+    assert_eq!(m.decisions(Source::Local), requests - at_origin - 1);
     // Once the lease expired, the next request asks the origin again.
     g.clock.advance(fresh_for);
     assert!(g.limit(None, "far-from-limit", 1_000).await.0);
@@ -426,9 +431,9 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     let m = &g.gateway.limiter.metrics;
     assert!(g.limit(None, "steady", 1_000_000).await.0);
     assert_eq!(
-        m.decisions(Source::Origin),
+        m.decisions(Source::Ahead),
         1,
-        "cold: decided at the origin"
+        "cold: passed ahead of its call"
     );
     // Four lease lifetimes, a request and a replay pass every 100 ms.
     let steps = 4 * fresh_for / 100;
@@ -439,7 +444,7 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     }
     assert_eq!(
         m.decisions(Source::Origin),
-        1,
+        0,
         "every request after the first decided locally"
     );
     assert_eq!(m.origin_reasons(Reason::Stale), 0);
@@ -458,7 +463,7 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     assert!(g.limit(None, "steady", 1_000_000).await.0);
     assert_eq!(
         m.decisions(Source::Origin),
-        2,
+        1,
         "an idle key's lease ran out"
     );
 }
@@ -651,14 +656,21 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     // next is denied from local memory.
     g.limit(None, "m", 1).await;
     g.limit(None, "m", 1).await;
-    // Limit 1,000: the second passes locally under the lease, and waits for the replay.
+    // Limit 1,000: the cold request passes ahead of its call, whose answer brings the lease;
+    // the second passes locally under it, and waits for the replay.
     g.limit(None, "q", 1_000).await;
     g.limit(None, "q", 1_000).await;
     let m = g.get("/metrics").await;
     assert_eq!(m.status, StatusCode::OK);
     assert!(
         m.text
-            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 2"),
+            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 1"),
+        "{}",
+        m.text
+    );
+    assert!(
+        m.text
+            .contains("strata_decisions_total{source=\"ahead\",outcome=\"allowed\"} 1"),
         "{}",
         m.text
     );

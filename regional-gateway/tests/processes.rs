@@ -462,15 +462,23 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
         }
         let (client, base) = (http.clone(), g.base.clone());
         let runtime = format!("gateway, Redis {outage:?}");
-        common::conformance::check(&runtime, mode, 250, move |key| {
+        let far = |key| {
+            conformance_limit(
+                http.clone(),
+                g.base.clone(),
+                key,
+                common::conformance::BURST_LIMIT,
+            )
+        };
+        let send = move |key| {
             conformance_limit(
                 client.clone(),
                 base.clone(),
                 key,
                 common::conformance::LIMIT,
             )
-        })
-        .await;
+        };
+        common::conformance::check(&runtime, mode, 250, send, far).await;
         let text = common::metrics(&http, &g.base).await;
         let fallback = common::metric_sum(&text, |l| {
             l.starts_with("strata_decisions_total{source=\"fallback\"")
@@ -481,6 +489,14 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
         assert!(
             fallback >= passes,
             "{mode}: the answers say the failure mode decided them ({fallback})"
+        );
+        let ahead = common::metric_sum(&text, |l| {
+            l.starts_with("strata_decisions_total{source=\"ahead\"")
+        });
+        assert_eq!(
+            ahead > 0.0,
+            mode != "deny",
+            "{mode}: decided ahead ({ahead})"
         );
     }
     held.abort();

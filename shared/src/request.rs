@@ -24,6 +24,7 @@ use crate::decision::{Decision, LimitCheck, MultiDecision, decide_all};
 use crate::identity::WindowKey;
 use crate::limit::LimitRequest;
 use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Reason, Verdict};
+use crate::policy::AHEAD_LIMIT_PER_COST;
 use crate::wire;
 
 /// One limit of an origin call.
@@ -80,6 +81,10 @@ pub enum Begin {
     /// Decided by the failure mode without a call: the request needs the origin, and a call
     /// on one of its cells failed within [`OriginPolicy::read_retry_ms`].
     Fallback(MultiDecision),
+    /// Passed ahead of the origin's answer and applied (every limit's cell is cold, far from
+    /// its limit, and the failure mode decides from memory): make this call, of cost 0, which
+    /// carries the pass as the process's own count and asks for the lease; nothing waits on it.
+    Ahead(MultiDecision, OriginCall),
 }
 
 pub use crate::policy::FailureMode;
@@ -252,6 +257,33 @@ pub fn begin<S: States>(
     if denied || (!repeated && plans.iter().all(Option::is_none)) {
         return Begin::Decided(decide_locally(states, limits, now_ms));
     }
+    if !repeated && policy.failure_mode.from_memory() && ahead(states, limits, &plans) {
+        let decided = decide_locally(states, limits, now_ms);
+        if !decided.success {
+            return Begin::Decided(decided); // the local view passed each: never
+        }
+        let limits = limits
+            .iter()
+            .zip(plans)
+            .enumerate()
+            .filter_map(|(i, (l, plan))| {
+                let mut plan = plan?;
+                plan.call = states.next_call(i);
+                if let Some(s) = states.state(i) {
+                    // The pass just applied goes as the process's own count.
+                    plan.used = [s.current().own(), s.previous().own()];
+                    s.begin_origin(&plan);
+                }
+                Some(CallLimit {
+                    key: l.key.to_owned_key(),
+                    limit: l.limit,
+                    cost: 0,
+                    plan,
+                })
+            })
+            .collect();
+        return Begin::Ahead(decided, OriginCall { limits });
+    }
     // All or nothing at the origin: limits the lease covers go too, asking the same lease;
     // every limit gives back the lease it holds (see `OriginPlan::release`).
     plans.resize(limits.len(), None);
@@ -274,6 +306,31 @@ pub fn begin<S: States>(
         })
         .collect();
     Begin::Call(OriginCall { limits })
+}
+
+/// Whether a request may pass ahead of the origin's answer: every limit needs the origin
+/// because its cell is cold, this process knows no count of it, and its limit is at
+/// least [`AHEAD_LIMIT_PER_COST`] times its cost. What that can admit over the limit is one
+/// request per process and cell it has no answer for (at a key other processes already
+/// spent); the local view, which holds the previous window's count, still denies first.
+fn ahead<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    plans: &[Option<OriginPlan>],
+) -> bool {
+    plans.len() == limits.len()
+        && limits.iter().zip(plans).enumerate().all(|(i, (l, plan))| {
+            // Nothing known of the cell: no own pass, no count a sync or an answer brought
+            // (an origin that lost its data raises its count to the region's published one
+            // with `max`, which would swallow a pass counted before it).
+            let fresh = states
+                .state(i)
+                .is_some_and(|s| s.current().own() == 0 && s.current().counts().total() == 0);
+            fresh
+                && plan.is_some_and(|p| p.reason == Reason::Cold)
+                && l.cost > 0
+                && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit
+        })
 }
 
 /// The plan of a limit its lease covers, sent along with the others of its request.

@@ -11,6 +11,7 @@ use strata_core::driver::{
     Transmit, replay_backoff,
 };
 use strata_core::gate::Gate;
+use strata_core::policy::AHEAD_LIMIT_PER_COST;
 use strata_core::rules::ListRequest;
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, RenewedLease,
@@ -21,6 +22,9 @@ use strata_core::{Counts, FailureMode};
 const T0: u64 = 28_333_334 * 60_000; // a minute boundary
 const TIMEOUT: u64 = 250;
 const INTERVAL: u64 = 50;
+/// A limit under `AHEAD_LIMIT_PER_COST` times the cost: a cold key's requests wait for the
+/// gateway.
+const NEAR: u64 = AHEAD_LIMIT_PER_COST - 1;
 
 fn driver(mode: FailureMode, limit: u64) -> (Driver, TableStore) {
     let rules = json!({"rules": [{
@@ -120,7 +124,7 @@ fn replayed(t: &Transmit) -> String {
 
 #[test]
 fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
-    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
     for id in 0..8 {
         let started = d.request(&mut store, id, &user("a"), T0).unwrap();
         assert_eq!(started, Started::Waiting);
@@ -140,6 +144,79 @@ fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
     );
     assert!(transmits(&mut d).iter().all(|t| t.path != DECIDE_PATH));
     assert_eq!(d.waiting(), 0);
+}
+
+#[test]
+fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_brings_the_lease() {
+    for mode in [FailureMode::Local, FailureMode::Allow] {
+        let (mut d, mut store) = driver(mode, AHEAD_LIMIT_PER_COST);
+        let Started::Decided(first) = d.request(&mut store, 0, &user("a"), T0).unwrap() else {
+            panic!("{mode:?}: the first request waited");
+        };
+        assert!(
+            first.reply.allowed && first.by == DecidedBy::Ahead,
+            "{mode:?}"
+        );
+        // The next ones join its call, which carries the pass as the own count, at no cost.
+        for id in 1..4 {
+            let started = d.request(&mut store, id, &user("a"), T0 + 1).unwrap();
+            assert_eq!(started, Started::Waiting, "{mode:?}: one pass ahead a cell");
+        }
+        let sent = transmits(&mut d);
+        assert_eq!(sent.len(), 1, "{mode:?}");
+        let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
+        let l = &call.limits[0];
+        assert_eq!(
+            (l.cost, l.used, l.want),
+            (0, 1, AHEAD_LIMIT_PER_COST),
+            "{mode:?}"
+        );
+        grant(&mut d, &mut store, &sent[0], 10, T0 + 3);
+        let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
+        assert_eq!(decided.len(), 3, "{mode:?}");
+        assert!(
+            decided
+                .iter()
+                .all(|x| x.reply.allowed && x.by == DecidedBy::Local)
+        );
+        let s = d.stats();
+        assert_eq!(
+            (s.decided_ahead, s.decided_local, s.origin_calls),
+            (1, 3, 1)
+        );
+    }
+    // `deny` admits nothing the gateway did not answer; a limit under the share waits too.
+    for (mode, limit) in [
+        (FailureMode::Deny, AHEAD_LIMIT_PER_COST),
+        (FailureMode::Local, NEAR),
+    ] {
+        let (mut d, mut store) = driver(mode, limit);
+        let started = d.request(&mut store, 0, &user("a"), T0).unwrap();
+        assert_eq!(started, Started::Waiting, "{mode:?}, limit {limit}");
+        let sent = transmits(&mut d);
+        let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
+        assert_eq!((call.limits[0].cost, call.limits[0].used), (1, 0));
+    }
+}
+
+#[test]
+fn a_pass_ahead_whose_call_fails_stays_counted_for_the_replay() {
+    let (mut d, mut store) = driver(FailureMode::Local, 1_000);
+    let Started::Decided(first) = d.request(&mut store, 0, &user("a"), T0).unwrap() else {
+        panic!("the first request waited");
+    };
+    assert_eq!(first.by, DecidedBy::Ahead);
+    assert_eq!(transmits(&mut d)[0].path, DECIDE_PATH);
+    // Silent: the call fails at the flow's bound, deciding nobody; the replay, due meanwhile,
+    // carries the pass.
+    d.timeout(&mut store, T0 + TIMEOUT);
+    assert!(d.poll_decision().is_none());
+    assert_eq!(d.stats().origin_failures, 1);
+    let replay = transmits(&mut d);
+    assert_eq!(replay.len(), 1);
+    assert_eq!(replay[0].path, REPLAY_PATH);
+    let request: ReplayRequest = serde_json::from_str(&replay[0].body).unwrap();
+    assert_eq!(request.events[0].used, 1, "the pass ahead, once");
 }
 
 #[test]
@@ -228,7 +305,7 @@ fn an_answer_that_does_not_fit_is_a_failure() {
 
 #[test]
 fn a_cancelled_request_is_not_answered_and_its_call_still_settles_the_joiners() {
-    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
     d.request(&mut store, 1, &user("a"), T0).unwrap();
     d.request(&mut store, 2, &user("a"), T0).unwrap();
     d.cancel(1);
@@ -241,7 +318,7 @@ fn a_cancelled_request_is_not_answered_and_its_call_still_settles_the_joiners() 
 
 #[test]
 fn a_failed_replay_is_sent_again_after_a_backoff_without_new_requests() {
-    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
     d.request(&mut store, 0, &user("a"), T0).unwrap();
     let t = transmits(&mut d);
     grant(&mut d, &mut store, &t[0], 10, T0);
@@ -289,7 +366,7 @@ fn a_failed_replay_is_sent_again_after_a_backoff_without_new_requests() {
 
 #[test]
 fn a_replay_pass_goes_in_batches_of_the_wire_bound() {
-    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
     // The gateway fails every call: each key is decided from memory, its cost unreplayed.
     let keys = MAX_BATCH * 2 + 500;
     for id in 0..keys {
@@ -315,7 +392,7 @@ fn a_replay_pass_goes_in_batches_of_the_wire_bound() {
 
 #[test]
 fn a_repeated_failure_is_logged_once_per_interval() {
-    let (mut d, mut store) = driver(FailureMode::Local, 100);
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
     for id in 0..100 {
         // Past each retry delay, so every request calls and fails.
         let now = T0 + id * 1_000;

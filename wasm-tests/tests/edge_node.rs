@@ -28,6 +28,10 @@ fn rules(limit: u64) -> String {
     .to_string()
 }
 
+/// A limit under 64 times the cost: a cold key's first request waits for the gateway (at 64 it
+/// passes ahead of the answer).
+const NEAR: u64 = strata_core::policy::AHEAD_LIMIT_PER_COST - 1;
+
 fn edge(limit: u64, options: &str) -> Edge {
     Edge::new(&rules(limit), options, "test", 250.0, 50.0).unwrap()
 }
@@ -236,7 +240,7 @@ fn local_mode_enforces_the_limit_from_memory() {
 
 #[wasm_bindgen_test]
 fn local_passes_are_replayed_in_one_batch_after_the_delay_and_again_after_a_failure() {
-    let mut e = edge(100, "");
+    let mut e = edge(NEAR, "");
     for (n, ip) in ["192.0.2.10", "192.0.2.11"].into_iter().enumerate() {
         let base = 10 * u32::try_from(n).unwrap();
         assert!(start(&mut e, base, "/api/a", ip).is_none());
@@ -286,9 +290,33 @@ fn local_passes_are_replayed_in_one_batch_after_the_delay_and_again_after_a_fail
 }
 
 #[wasm_bindgen_test]
+fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_goes_out() {
+    let per_ip = json!({"rules": [{"name": "per-ip", "namespace": "api", "limit": NEAR + 1,
+        "duration": "1m", "actions": [{"remote_address": {}}]}]});
+    let mut e = Edge::new(&per_ip.to_string(), "", "test", 250.0, 50.0).unwrap();
+    let reply = start(&mut e, 1, "/api/a", "192.0.2.30").expect("decided at once");
+    assert!(reply.allowed);
+    assert_eq!(reply.by, "ahead");
+    assert!(e.wants_pump(), "the call to send");
+    let sent = calls(&mut e);
+    assert_eq!(sent.len(), 1);
+    let body: Value = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!(
+        (&body["limits"][0]["cost"], &body["limits"][0]["used"]),
+        (&json!(0), &json!(1))
+    );
+    e.answer(sent[0].call, 200, &granted(&sent[0].body, 50), NOW);
+    assert!(decisions(&mut e).is_empty(), "nobody waited on it");
+    let next = start(&mut e, 2, "/api/a", "192.0.2.30").expect("the lease covers it");
+    assert_eq!(next.by, "local");
+    let stats: Value = serde_json::from_str(&e.stats()).unwrap();
+    assert_eq!(stats["decided"]["ahead"], 1);
+}
+
+#[wasm_bindgen_test]
 fn a_warm_pass_asks_for_a_drain_only_when_something_came_out() {
     // One rule (a shadow rule's would-be denials are log lines: something to drain).
-    let per_ip = json!({"rules": [{"name": "per-ip", "namespace": "api", "limit": 100,
+    let per_ip = json!({"rules": [{"name": "per-ip", "namespace": "api", "limit": NEAR,
         "duration": "1m", "actions": [{"remote_address": {}}]}]});
     let mut e = Edge::new(&per_ip.to_string(), "", "test", 250.0, 50.0).unwrap();
     assert!(start(&mut e, 1, "/api/a", "192.0.2.20").is_none());

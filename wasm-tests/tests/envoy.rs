@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::envoy::Envoy;
 use common::slow::SlowProxy;
 use common::stack::{
-    RENEWING, Stack, admitted, assert_renewed, burst, get, header, stack, stack_with, steady_use,
+    RENEWING, Stack, admitted, admitted_by, assert_renewed, burst, conformance_rules, get, header,
+    stack, stack_with, steady_use,
 };
 use common::upstream::port_of;
 use serde_json::{Value, json};
@@ -324,22 +325,29 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
         .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
     {
         let extra = json!({"failure_mode": mode, "timeout_ms": 250});
-        let config = configuration(&per_key(common::conformance::LIMIT), &extra);
+        let config = configuration(&conformance_rules(), &extra);
         // Without endpoints: the gateway's cluster has none.
         let gateway = (outage != common::conformance::Outage::NoEndpoints).then_some(port);
         let mut e = Envoy::start(&config, s.upstream.port(), gateway);
         e.ready(&s.http).await;
         let (http, base) = (unpooled(), e.base.clone());
         let runtime = format!("envoy, gateway {outage:?}");
-        common::conformance::check(&runtime, mode, 250, move |key| {
+        let (far_http, far_base) = (http.clone(), base.clone());
+        let far = move |key: String| {
+            let (http, base) = (far_http.clone(), far_base.clone());
+            async move { admitted_by(&http, &base, "x-far-key", &key).await }
+        };
+        let send = move |key: String| {
             let (http, base) = (http.clone(), base.clone());
             async move { admitted(&http, &base, &key).await }
-        })
-        .await;
+        };
+        common::conformance::check(&runtime, mode, 250, send, far).await;
         assert!(
             e.stat(&s.http, "strata.decided.fallback").await > 0,
             "{mode}"
         );
+        let ahead = e.stat(&s.http, "strata.decided.ahead").await;
+        assert_eq!(ahead > 0, mode != "deny", "{mode}: decided ahead ({ahead})");
     }
     held.abort();
 }
@@ -631,10 +639,13 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
     let e = envoy(&s, &per_key(1_000_000), &json!({"shared_slots": 0})).await;
     let sent = steady_use(&s, &e.base).await;
     assert_eq!(e.stat(&s.http, "strata.ok").await, sent);
+    // The first request passed ahead of its call (the key is far from its limit), and no
+    // request after it waited for the gateway.
+    assert_eq!(e.stat(&s.http, "strata.decided.ahead").await, 1);
     assert_eq!(
         e.stat(&s.http, "strata.decided.origin").await,
-        1,
-        "only the key's first request waited for the gateway"
+        0,
+        "no request waited for the gateway"
     );
     assert_renewed(&s).await;
 }

@@ -100,6 +100,7 @@ fn source(by: DecidedBy) -> Source {
         DecidedBy::Local => Source::Local,
         DecidedBy::Origin => Source::Origin,
         DecidedBy::Fallback => Source::Fallback,
+        DecidedBy::Ahead => Source::Ahead,
     }
 }
 
@@ -179,7 +180,8 @@ impl Limiter {
                 let mut flow = self.flows.lock(shard);
                 let tables = &mut self.tables();
                 match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
-                    Some(decided) => (Ok(decided), Vec::new()),
+                    // Passed ahead of its call's answer, which is on its way.
+                    Some(decided) => (Ok(decided), flow.drain()),
                     None => {
                         // Registered under the flow's lock: its wake-up cannot be missed.
                         let (wake, woken) = oneshot::channel();
@@ -189,7 +191,12 @@ impl Limiter {
                 }
             };
             let woken = match begun {
-                Ok(decided) => break decided,
+                Ok(decided) => {
+                    for d in dispatches {
+                        self.dispatch(shard, d);
+                    }
+                    break decided;
+                }
                 Err(woken) => woken,
             };
             let mut waiter = Waiter {

@@ -6,7 +6,9 @@
 //! gets `REQUESTS` requests one after another, and another key `REQUESTS` at once. Two more
 //! rows with the origin up: `REQUESTS` requests at once on a cold key make one decision call
 //! ([`one_call`]), and what a process admitted while the origin was down reaches it once it
-//! is back, with no request to carry it ([`replayed_after_outage`]). One with the origin late:
+//! is back, with no request to carry it ([`replayed_after_outage`]). With the origin down, a
+//! cold key far from its limit ([`BURST_LIMIT`]) is answered ahead of the origin where the
+//! mode decides from memory ([`AHEAD`]). One with the origin late:
 //! a request that waited on another's call and then needs one of its own still answers by its
 //! arrival plus the timeout ([`late_answers`]).
 
@@ -24,13 +26,29 @@ pub const REQUESTS: usize = 8;
 /// the key over its limit (`allow`, so the same here); none (`deny`).
 pub const TABLE: [(&str, u64); 3] = [("local", 5), ("allow", 5), ("deny", 0)];
 
+/// What each mode does with the first request on a cold key of limit [`BURST_LIMIT`] while
+/// the origin gives no answer: `local` and `allow` admit it from memory at once, ahead of the
+/// answer (a key at least 64 times its cost from its limit); `deny` admits nothing the origin
+/// did not answer.
+pub const AHEAD: [(&str, bool); 3] = [("local", true), ("allow", true), ("deny", false)];
+
 /// Runs the table's row `mode`: `send(key)` sends one request on `key` and says whether it
-/// was admitted (or what went wrong). Every answer must come within `timeout_ms + 150`.
-pub async fn check<F, Fut>(runtime: &str, mode: &str, timeout_ms: u64, send: F)
-where
+/// was admitted (or what went wrong); `send_far(key)` the same on a key of limit
+/// [`BURST_LIMIT`]. Every answer must come within `timeout_ms + 150`, and one admitted ahead
+/// within half the timeout.
+pub async fn check<F, Fut, G, GFut>(
+    runtime: &str,
+    mode: &str,
+    timeout_ms: u64,
+    send: F,
+    send_far: G,
+) where
     F: Fn(String) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<bool, String>> + Send,
+    G: Fn(String) -> GFut,
+    GFut: Future<Output = Result<bool, String>>,
 {
+    let ahead = AHEAD.iter().any(|(m, a)| *m == mode && *a);
     let want = TABLE
         .iter()
         .find(|(m, _)| *m == mode)
@@ -71,6 +89,23 @@ where
     assert!(
         slowest <= bound,
         "{runtime} {mode}: an answer took {slowest:?}, over {bound:?}"
+    );
+    let started = Instant::now();
+    let far = send_far(format!("far-{mode}-{tag}"))
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let took = started.elapsed();
+    println!(
+        "conformance {runtime} {mode}: a cold key far from its limit: admitted {far} in {took:?}"
+    );
+    assert_eq!(
+        far, ahead,
+        "{runtime} {mode}: a cold key far from its limit"
+    );
+    let half = Duration::from_millis(timeout_ms / 2);
+    assert!(
+        !ahead || took < half,
+        "{runtime} {mode}: admitted ahead of the origin, but after {took:?}"
     );
 }
 

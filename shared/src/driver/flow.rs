@@ -84,6 +84,9 @@ pub enum DecidedBy {
     Origin,
     /// The failure mode: a call failed or timed out, or one did moments ago.
     Fallback,
+    /// Local memory, ahead of the gateway's answer: a cold cell far from its limit (see
+    /// [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose call goes out meanwhile.
+    Ahead,
 }
 
 impl DecidedBy {
@@ -93,6 +96,7 @@ impl DecidedBy {
             DecidedBy::Local => "local",
             DecidedBy::Origin => "origin",
             DecidedBy::Fallback => "fallback",
+            DecidedBy::Ahead => "ahead",
         }
     }
 }
@@ -138,6 +142,8 @@ pub struct FlowStats {
     pub origin_failures: u64,
     /// Groups that waited for another group's call instead of sending one.
     pub coalesced: u64,
+    /// Groups passed ahead of their call's answer (their calls are among `origin_calls`).
+    pub ahead: u64,
     /// Replay batches the gateway took.
     pub replays: u64,
     /// Replay batches that failed.
@@ -328,6 +334,14 @@ impl Flow {
                 self.want_replay(store, home, now_ms);
                 return Some((d, DecidedBy::Fallback));
             }
+            Begin::Ahead(d, call) => {
+                // Nothing waits on it: bounded by the flow's timeout, not the group's time.
+                let bound = now_ms.saturating_add(self.config.timeout_ms);
+                self.send_decide(call, home, bound, Vec::new(), now_ms);
+                self.want_replay(store, home, now_ms);
+                self.stats.ahead += 1;
+                return Some((d, DecidedBy::Ahead));
+            }
         };
         if now_ms >= deadline {
             // No time left for a call (a group that waited out its time on another's):
@@ -336,6 +350,20 @@ impl Flow {
             self.want_replay(store, home, now_ms);
             return Some((decided, DecidedBy::Fallback));
         }
+        self.send_decide(call, home, deadline, alloc::vec![(group, true)], now_ms);
+        self.waiting.insert(group, deadline);
+        None
+    }
+
+    /// Puts decision call `call` out, in flight on each of its keys until it settles.
+    fn send_decide(
+        &mut self,
+        call: OriginCall,
+        home: Home,
+        deadline: u64,
+        waiters: Vec<(GroupId, bool)>,
+        now_ms: u64,
+    ) {
         let call_id = self.call_id();
         for l in call.limits() {
             let hash = self.hasher.hash_one(l.key.as_ref());
@@ -355,12 +383,10 @@ impl Flow {
                 call,
                 home,
                 deadline,
-                waiters: alloc::vec![(group, true)],
+                waiters,
             },
         );
         self.stats.origin_calls += 1;
-        self.waiting.insert(group, deadline);
-        None
     }
 
     /// A decision call in flight on one of `limits`' keys.
@@ -437,6 +463,11 @@ impl Flow {
     /// A group that waited, decided or to begin again.
     pub fn poll_done(&mut self) -> Option<GroupDone> {
         self.done.pop_front()
+    }
+
+    /// Whether a call waits to be polled.
+    pub fn has_dispatch(&self) -> bool {
+        !self.dispatches.is_empty()
     }
 
     /// A call to make.

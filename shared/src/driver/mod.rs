@@ -154,6 +154,8 @@ pub struct DriverStats {
     pub decided_origin: u64,
     /// See `decided_local`.
     pub decided_fallback: u64,
+    /// See `decided_local`: passed ahead of the gateway's answer.
+    pub decided_ahead: u64,
     /// Requests every enforced limit passed.
     pub ok: u64,
     /// Requests denied.
@@ -189,6 +191,7 @@ struct Request {
     groups: [Group; 2],
     failed: bool,
     answered: bool,
+    ahead: bool,
     unaddressed: bool,
 }
 
@@ -201,6 +204,7 @@ impl Request {
     fn decide(&mut self, g: usize, decision: MultiDecision, by: DecidedBy) {
         self.failed |= by == DecidedBy::Fallback;
         self.answered |= by == DecidedBy::Origin;
+        self.ahead |= by == DecidedBy::Ahead;
         if let Some(slot) = self.groups.get_mut(g) {
             *slot = Group::Decided(decision);
         }
@@ -314,6 +318,7 @@ impl Driver {
             groups: [Group::Empty, Group::Empty],
             failed: false,
             answered: false,
+            ahead: false,
             unaddressed,
         };
         let deadline = now_ms.saturating_add(self.config.timeout_ms);
@@ -334,6 +339,9 @@ impl Driver {
             }
         }
         if request.is_done() {
+            if self.flow.has_dispatch() {
+                self.collect(store, now_ms); // the call of a pass ahead
+            }
             return Ok(Started::Decided(self.settle(id, request, now_ms)));
         }
         self.requests.insert(id, request);
@@ -417,6 +425,8 @@ impl Driver {
             DecidedBy::Fallback
         } else if request.answered {
             DecidedBy::Origin
+        } else if request.ahead {
+            DecidedBy::Ahead
         } else {
             DecidedBy::Local
         };
@@ -427,6 +437,7 @@ impl Driver {
                 DecidedBy::Local => s.decided_local += 1,
                 DecidedBy::Origin => s.decided_origin += 1,
                 DecidedBy::Fallback => s.decided_fallback += 1,
+                DecidedBy::Ahead => s.decided_ahead += 1,
             }
         }
         if reply.allowed {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderMap;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::process::GatewayProcess;
 use super::redis::RedisServer;
@@ -165,7 +165,17 @@ pub async fn get(
 /// One GET with `x-api-key: <key>`: whether it passed (200) or was limited (429); any other
 /// answer is the error.
 pub async fn admitted(http: &reqwest::Client, base: &str, key: &str) -> Result<bool, String> {
-    let (status, _, body) = get(http, base, &[("x-api-key", key)]).await;
+    admitted_by(http, base, "x-api-key", key).await
+}
+
+/// [`admitted`], the key in header `header`.
+pub async fn admitted_by(
+    http: &reqwest::Client,
+    base: &str,
+    header: &str,
+    key: &str,
+) -> Result<bool, String> {
+    let (status, _, body) = get(http, base, &[(header, key)]).await;
     match status {
         200 => Ok(true),
         429 => Ok(false),
@@ -184,6 +194,20 @@ pub fn per_key_rules(limit: u64) -> String {
         "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]
     }]})
     .to_string()
+}
+
+/// The conformance table's rules (`conformance`): `LIMIT` a day per `x-api-key`, and
+/// `BURST_LIMIT` a day per `x-far-key` (a key far from its limit).
+pub fn conformance_rules() -> Value {
+    use super::conformance::{BURST_LIMIT, LIMIT};
+    let rule = |name: &str, limit: u64, header: &str| {
+        json!({"name": name, "namespace": "e2e", "limit": limit, "duration": "1d",
+            "actions": [{"request_headers": {"header_name": header, "descriptor_key": "key"}}]})
+    };
+    json!([
+        rule("per-key", LIMIT, "x-api-key"),
+        rule("far", BURST_LIMIT, "x-far-key")
+    ])
 }
 
 /// Unix milliseconds.

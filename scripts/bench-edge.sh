@@ -13,6 +13,7 @@
 #   scripts/bench-edge.sh                             # 3 rounds of 5 s, 10,000 keys
 #   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-edge.sh
 #   EDGE_VARS="STRATA_FAILURE_MODE=deny" scripts/bench-edge.sh   # more settings for the edges
+#   BASELINE_VARS="STRATA_FAILURE_MODE=deny" scripts/bench-edge.sh  # a second keyed edge, beside
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -92,7 +93,14 @@ serve no-headers worker.mjs "${edge_vars[@]}" STRATA_HEADERS_ON_PASS=false
 port[no-headers]=$PORT
 serve keys worker.mjs "${edge_vars[@]}" STRATA_DEBUG=true
 port[keys]=$PORT
-for n in "${names[@]}" keys; do
+keyed=(keys)
+if [ -n "${BASELINE_VARS:-}" ]; then
+  read -r -a base <<<"$BASELINE_VARS"
+  serve keys-base worker.mjs "${edge_vars[@]}" STRATA_DEBUG=true "${base[@]}"
+  port[keys-base]=$PORT
+  keyed+=(keys-base)
+fi
+for n in "${names[@]}" "${keyed[@]}"; do
   curl -sf -o /dev/null -H "x-api-key: warm" "127.0.0.1:${port[$n]}/" ||
     { echo "$n does not answer"; cat "$work/$n/log"; exit 1; }
 done
@@ -103,7 +111,7 @@ resident() {
   done
 }
 echo "Each workerd after start:"
-resident "${names[@]}" keys
+resident "${names[@]}" "${keyed[@]}"
 
 # load PORT [wrk args...] : requests/s, p50 and p99.
 load() { wrk_line 8 "$DURATION" "$@"; }
@@ -114,16 +122,21 @@ for n in "${names[@]}"; do contenders+=("$n=${port[$n]}"); done
 ratio_rounds "$ROUNDS" warm "${contenders[@]}"
 echo "$KEYS keys (Zipf $ZIPF_S), the edge with STRATA_DEBUG=true:"
 for r in $(seq "$ROUNDS"); do
-  printf "  round %s  %-13s %s\n" "$r" keys "$(KEYS=$KEYS ZIPF_S=$ZIPF_S load "${port[keys]}" -s bench/zipf-keys.lua)"
+  for n in "${keyed[@]}"; do
+    printf "  round %s  %-13s %s\n" "$r" "$n" "$(KEYS=$KEYS ZIPF_S=$ZIPF_S load "${port[$n]}" -s bench/zipf-keys.lua)"
+  done
 done
-curl -s "127.0.0.1:${port[keys]}/__strata/stats" | python3 -c '
-import json, sys
+for n in "${keyed[@]}"; do
+  curl -s "127.0.0.1:${port[$n]}/__strata/stats" | N="$n" python3 -c '
+import json, os, sys
 s = json.load(sys.stdin)
 local, origin, fallback, ahead = (s["decided"][k] for k in ("local", "origin", "fallback", "ahead"))
 total = max(local + origin + fallback + ahead, 1)
 calls, replays, entries = s["origin_calls"], s["replays"], s["table"]["entries"]
-print(f"  keys          decided locally {local}, ahead of the gateway {ahead}, at the gateway "
+name = os.environ["N"]
+print(f"  {name:<13} decided locally {local}, ahead of the gateway {ahead}, at the gateway "
       f"{origin} ({1000 * origin / total:.1f} per 1,000 waited), gateway calls {calls} "
       f"({1000 * calls / total:.1f} per 1,000), replays {replays}, table entries {entries}")'
+done
 echo "Each workerd after the rounds:"
-resident "${names[@]}" keys
+resident "${names[@]}" "${keyed[@]}"

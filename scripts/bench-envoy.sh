@@ -9,13 +9,15 @@
 # requests were decided.
 # BASELINE_WASM adds another build of the filter beside the current one in both parts, and
 # FILTER_CONFIG adds settings to the Strata filters' configuration (`'"shared_slots": 0,'`,
-# `'"headers_on_pass": false,'`: what a part costs). Before the rounds, each Envoy's resident
+# `'"headers_on_pass": false,'`: what a part costs); BASELINE_CONFIG gives the baseline other
+# settings (alone: the current build with them, e.g. `'"failure_mode": "deny",'`). Before the rounds, each Envoy's resident
 # memory after start and its CPU over 5 s idle.
 #
 #   ./scripts/build-envoy.sh && cargo build --release -p strata-gateway
 #   scripts/bench-envoy.sh                             # 3 rounds of 5 s, 10,000 keys
 #   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-envoy.sh
 #   BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
+#   BASELINE_CONFIG='"failure_mode": "deny",' scripts/bench-envoy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -48,9 +50,9 @@ wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
 # envoy_config NAME WASM|- : a config from envoy-wasm/envoy.yaml on free ports (its listener
 # and admin ports in NAME.ports).
 envoy_config() {
-  local name=$1 wasm=$2 port admin
+  local name=$1 wasm=$2 extra=${3-$FILTER_CONFIG} port admin
   port=$(free_port); admin=$(free_port)
-  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$FILTER_CONFIG" >"$work/$name.yaml" <<'PY'
+  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$extra" >"$work/$name.yaml" <<'PY'
 import sys
 name, wasm, port, admin, gw, extra = sys.argv[1:]
 s = open("envoy-wasm/envoy.yaml").read()
@@ -86,8 +88,11 @@ names=(none noop strata)
 envoy_config none -
 envoy_config noop "$noop"
 envoy_config strata "$strata"
-if [ -n "${BASELINE_WASM:-}" ]; then
-  envoy_config baseline "$BASELINE_WASM"
+baseline_wasm=${BASELINE_WASM:-}
+[ -n "${BASELINE_CONFIG:-}" ] && baseline_wasm=${baseline_wasm:-$strata}
+baseline_config=${BASELINE_CONFIG:-$FILTER_CONFIG}
+if [ -n "$baseline_wasm" ]; then
+  envoy_config baseline "$baseline_wasm" "$baseline_config"
   names+=(baseline)
 fi
 declare -A port admin
@@ -114,9 +119,13 @@ for n in "${names[@]}"; do contenders+=("$n=${port[$n]}"); done
 ratio_rounds "$ROUNDS" warm "${contenders[@]}"
 
 keyed=(strata)
-[ -n "${BASELINE_WASM:-}" ] && keyed+=(baseline)
+[ -n "$baseline_wasm" ] && keyed+=(baseline)
 for n in "${keyed[@]}"; do
-  envoy_config "$n-keys" "$([ "$n" = strata ] && echo "$strata" || echo "$BASELINE_WASM")"
+  if [ "$n" = strata ]; then
+    envoy_config "$n-keys" "$strata"
+  else
+    envoy_config "$n-keys" "$baseline_wasm" "$baseline_config"
+  fi
   start "$n-keys" 2; port[$n-keys]=$PORT; admin[$n-keys]=$ADMIN
 done
 echo "The --concurrency 2 Envoys after start:"

@@ -22,8 +22,8 @@ pub enum Metric {
     DecidedOrigin,
     /// Decided by the failure mode (the gateway failed or was too slow).
     DecidedFallback,
-    /// Decided from the VM's memory ahead of the gateway's answer (a cold key far from its
-    /// limit; the call goes out meanwhile).
+    /// Decided from the VM's memory ahead of the gateway's answer (no live answer, far from
+    /// the limit; the call goes out meanwhile).
     DecidedAhead,
     /// Decision calls sent to the gateway.
     OriginCalls,

@@ -22,7 +22,7 @@ pub enum Source {
     Origin,
     /// Local, because the origin read failed.
     Fallback,
-    /// From local memory ahead of the origin's answer (a cold key far from its limit).
+    /// From local memory ahead of the origin's answer (no live answer, far from the limit).
     Ahead,
 }
 

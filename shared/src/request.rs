@@ -81,9 +81,10 @@ pub enum Begin {
     /// Decided by the failure mode without a call: the request needs the origin, and a call
     /// on one of its cells failed within [`OriginPolicy::read_retry_ms`].
     Fallback(MultiDecision),
-    /// Passed ahead of the origin's answer and applied (every limit's cell is cold, far from
-    /// its limit, and the failure mode decides from memory): make this call, of cost 0, which
-    /// carries the pass as the process's own count and asks for the lease; nothing waits on it.
+    /// Passed ahead of the origin's answer and applied (no limit has a live answer, each is
+    /// far from its limit, and the failure mode decides from memory): make this call, of cost
+    /// 0, which carries the pass as the process's own count and asks for the lease; nothing
+    /// waits on it.
     Ahead(MultiDecision, OriginCall),
 }
 
@@ -257,7 +258,7 @@ pub fn begin<S: States>(
     if denied || (!repeated && plans.iter().all(Option::is_none)) {
         return Begin::Decided(decide_locally(states, limits, now_ms));
     }
-    if !repeated && policy.failure_mode.from_memory() && ahead(states, limits, &plans) {
+    if !repeated && policy.failure_mode.from_memory() && ahead(states, limits, &plans, now_ms) {
         let decided = decide_locally(states, limits, now_ms);
         if !decided.success {
             return Begin::Decided(decided); // the local view passed each: never
@@ -309,27 +310,42 @@ pub fn begin<S: States>(
 }
 
 /// Whether a request may pass ahead of the origin's answer: every limit needs the origin
-/// because its cell is cold, this process knows no count of it, and its limit is at
-/// least [`AHEAD_LIMIT_PER_COST`] times its cost. What that can admit over the limit is one
-/// request per process and cell it has no answer for (at a key other processes already
-/// spent); the local view, which holds the previous window's count, still denies first.
+/// because it has no live answer (its cell is cold and this process knows no count of it, or
+/// its lease expired with every own pass acknowledged), its limit is at least
+/// [`AHEAD_LIMIT_PER_COST`] times its cost, and its local view (the previous window's count
+/// included) leaves at least half the limit after it. What that can admit over the limit is
+/// one request per process and cell each time it has no live answer, at a key other processes
+/// spent meanwhile past half its limit.
 fn ahead<S: States>(
     states: &mut S,
     limits: &[LimitRequest<'_>],
     plans: &[Option<OriginPlan>],
+    now_ms: u64,
 ) -> bool {
     plans.len() == limits.len()
         && limits.iter().zip(plans).enumerate().all(|(i, (l, plan))| {
-            // Nothing known of the cell: no own pass, no count a sync or an answer brought
-            // (an origin that lost its data raises its count to the region's published one
-            // with `max`, which would swallow a pass counted before it).
-            let fresh = states
-                .state(i)
-                .is_some_and(|s| s.current().own() == 0 && s.current().counts().total() == 0);
-            fresh
-                && plan.is_some_and(|p| p.reason == Reason::Cold)
+            let (Some(plan), Some(s)) = (plan, states.state(i)) else {
+                return false;
+            };
+            let c = s.current();
+            let unknown = match plan.reason {
+                // No count a sync or an answer brought either: an origin that lost its data
+                // raises its count to the region's published one with `max`, which would
+                // swallow a pass counted before it.
+                Reason::Cold => c.own() == 0 && c.counts().total() == 0,
+                // One pass ahead a lapse: the next finds it unacknowledged.
+                Reason::Stale => c.unacked() == 0,
+                Reason::Strict | Reason::Lease => false,
+            };
+            let d = l.key.duration();
+            let left = s
+                .check(d, l.limit, l.cost)
+                .decide_in(s.sequence(), now_ms, 0)
+                .remaining;
+            unknown
                 && l.cost > 0
                 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit
+                && left >= l.limit / 2
         })
 }
 

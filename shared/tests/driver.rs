@@ -67,6 +67,11 @@ fn granted(t: &Transmit, lease: u64, now: u64) -> String {
 
 /// [`granted`], the lease lent for `lease_ms`.
 fn granted_for(t: &Transmit, lease: u64, lease_ms: u64, now: u64) -> String {
+    granted_over(t, lease, lease_ms, 0, now)
+}
+
+/// [`granted_for`], the cell holding `others` more than the cost (other processes' passes).
+fn granted_over(t: &Transmit, lease: u64, lease_ms: u64, others: u64, now: u64) -> String {
     let request: DecideRequest = serde_json::from_str(&t.body).unwrap();
     let results = request
         .limits
@@ -80,7 +85,7 @@ fn granted_for(t: &Transmit, lease: u64, lease_ms: u64, now: u64) -> String {
                 reset: (sequence + 1) * l.duration,
                 sequence,
                 current: Counts {
-                    regional: l.cost,
+                    regional: l.cost + others,
                     global: 0,
                 },
                 previous: Counts::default(),
@@ -197,6 +202,42 @@ fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_brings_the_lease() {
         let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
         assert_eq!((call.limits[0].cost, call.limits[0].used), (1, 0));
     }
+}
+
+#[test]
+fn a_lapsed_lease_far_from_the_limit_passes_ahead_once_near_it_waits() {
+    let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
+    // Key "far" holds 1 of 64 when its lease is lent, "near" 40 (others' passes).
+    for (id, name, others) in [(0, "far", 0), (1, "near", 39)] {
+        let started = d.request(&mut store, id, &user(name), T0).unwrap();
+        assert!(matches!(started, Started::Decided(x) if x.by == DecidedBy::Ahead));
+        let t = transmits(&mut d);
+        let body = granted_over(&t[0], 5, 1_000, others, T0);
+        d.answer(&mut store, t[0].call, 200, body.as_bytes(), T0 + 1);
+    }
+    // The passes ahead are acknowledged by their replay.
+    d.timeout(&mut store, T0 + INTERVAL);
+    for t in transmits(&mut d) {
+        d.answer(
+            &mut store,
+            t.call,
+            200,
+            replayed(&t).as_bytes(),
+            T0 + INTERVAL,
+        );
+    }
+    // The leases lapse (1 s): "far" passes ahead of its renewal call, "near" (23 of 64 left
+    // after it, under half) waits for the gateway.
+    let later = T0 + 2_000;
+    let far = d.request(&mut store, 2, &user("far"), later).unwrap();
+    assert!(matches!(far, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed));
+    let call: DecideRequest = serde_json::from_str(&transmits(&mut d)[0].body).unwrap();
+    assert_eq!((call.limits[0].cost, call.limits[0].release), (0, 1));
+    let near = d.request(&mut store, 3, &user("near"), later).unwrap();
+    assert_eq!(near, Started::Waiting);
+    // One pass ahead a lapse: the next on "far" joins its call.
+    let again = d.request(&mut store, 4, &user("far"), later + 1).unwrap();
+    assert_eq!(again, Started::Waiting);
 }
 
 #[test]

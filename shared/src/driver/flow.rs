@@ -84,8 +84,8 @@ pub enum DecidedBy {
     Origin,
     /// The failure mode: a call failed or timed out, or one did moments ago.
     Fallback,
-    /// Local memory, ahead of the gateway's answer: a cold cell far from its limit (see
-    /// [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose call goes out meanwhile.
+    /// Local memory, ahead of the gateway's answer: a key with no live answer, far from its
+    /// limit (see [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose call goes out meanwhile.
     Ahead,
 }
 

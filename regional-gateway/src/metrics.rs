@@ -348,6 +348,12 @@ impl Metrics {
         self.origin_calls[o].iter().map(Counter::get).sum()
     }
 
+    /// Origin calls of `op` that were answered (`result="ok"`).
+    pub fn origin_answers(&self, op: &str) -> u64 {
+        let o = OPS.iter().position(|x| *x == op).unwrap_or(0);
+        self.origin_calls[o].first().map_or(0, Counter::get)
+    }
+
     /// A decision that went to the origin, and why.
     pub fn origin_reason(&self, reason: strata_core::Reason) {
         self.origin_reasons[reason_index(reason)].inc();

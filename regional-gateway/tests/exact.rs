@@ -386,11 +386,11 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
         .decide(&limiter.instance, &probe, region.now)
         .await;
     assert!(answer.is_ok(), "decide after a restart: {answer:?}");
-    let at_origin = region.metric(|m| m.decisions(Source::Origin));
+    let answered = region.metric(|m| m.origin_answers("decide"));
     region.advance(region.now + 6_000).await;
     assert_eq!(traffic(&mut region, d, 1_000, 60, 600).await, 60);
-    let after = region.metric(|m| m.decisions(Source::Origin));
-    assert!(after > at_origin, "the origin answers again");
+    let after = region.metric(|m| m.origin_answers("decide"));
+    assert!(after > answered, "the origin answers again");
 }
 
 fn client(origin: Origin) -> OriginClient {

@@ -311,7 +311,7 @@ pub fn begin<S: States>(
 
 /// Whether a request may pass ahead of the origin's answer: every limit needs the origin
 /// because it has no live answer (its cell is cold and this process knows no count of it, or
-/// its lease expired with every own pass acknowledged), its limit is at least
+/// its lease expired or went back idle, with every own pass acknowledged), its limit is at least
 /// [`AHEAD_LIMIT_PER_COST`] times its cost, and its local view (the previous window's count
 /// included) leaves at least half the limit after it. What that can admit over the limit is
 /// one request per process and cell each time it has no live answer, at a key other processes
@@ -333,9 +333,11 @@ fn ahead<S: States>(
                 // raises its count to the region's published one with `max`, which would
                 // swallow a pass counted before it.
                 Reason::Cold => c.own() == 0 && c.counts().total() == 0,
-                // One pass ahead a lapse: the next finds it unacknowledged.
-                Reason::Stale => c.unacked() == 0,
-                Reason::Strict | Reason::Lease => false,
+                // A lease that lapsed, or that the replay gave back idle: one pass ahead a
+                // lapse (the next finds it unacknowledged). A lease used up by passes not yet
+                // acknowledged waits, and so does a key just denied.
+                Reason::Stale | Reason::Lease => c.unacked() == 0,
+                Reason::Strict => false,
             };
             let d = l.key.duration();
             let left = s

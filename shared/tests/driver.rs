@@ -240,6 +240,47 @@ fn a_lapsed_lease_far_from_the_limit_passes_ahead_once_near_it_waits() {
     assert_eq!(again, Started::Waiting);
 }
 
+/// Answers every transmit: decisions as [`granted_over`] with `lease` for a minute, replays as
+/// [`replayed`]. Returns the replay events that gave a lease back.
+fn answer_all(d: &mut Driver, store: &mut TableStore, lease: u64, now: u64) -> usize {
+    let mut released = 0;
+    for t in transmits(d) {
+        let body = if t.path == DECIDE_PATH {
+            granted_over(&t, lease, 60_000, 0, now)
+        } else {
+            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+            released += request.events.iter().filter(|e| e.release > 0).count();
+            replayed(&t)
+        };
+        d.answer(store, t.call, 200, body.as_bytes(), now);
+    }
+    released
+}
+
+#[test]
+fn a_lease_given_back_idle_passes_ahead_of_the_next_call() {
+    let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
+    d.request(&mut store, 0, &user("sparse"), T0).unwrap();
+    answer_all(&mut d, &mut store, 40, T0 + 1);
+    // A pass acknowledges the pass ahead and starts the lease's idle count; traffic on another
+    // key brings a pass a second later, which gives the idle lease back (40 of the 63 left).
+    d.timeout(&mut store, T0 + INTERVAL);
+    answer_all(&mut d, &mut store, 40, T0 + INTERVAL);
+    let busy = T0 + INTERVAL + 1_000;
+    d.request(&mut store, 1, &user("busy"), busy).unwrap();
+    answer_all(&mut d, &mut store, 40, busy);
+    d.timeout(&mut store, busy + INTERVAL);
+    assert_eq!(answer_all(&mut d, &mut store, 40, busy + INTERVAL), 1);
+    // The next request on the sparse key has no lease (given back, every own pass
+    // acknowledged): it passes ahead of the call that asks for one.
+    let next = d
+        .request(&mut store, 2, &user("sparse"), busy + 200)
+        .unwrap();
+    assert!(matches!(next, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed));
+    let call: DecideRequest = serde_json::from_str(&transmits(&mut d)[0].body).unwrap();
+    assert_eq!((call.limits[0].cost, call.limits[0].used), (0, 2));
+}
+
 #[test]
 fn a_pass_ahead_whose_call_fails_stays_counted_for_the_replay() {
     let (mut d, mut store) = driver(FailureMode::Local, 1_000);

@@ -165,18 +165,22 @@ where
 /// a call of their own (the local view, 4 of 10, denies none of them).
 pub const LATE_LIMIT: u64 = 10;
 /// How late the origin answers in the late-answer row ([`SlowProxy`](super::slow::SlowProxy)).
-pub const LATE_DELAY: Duration = Duration::from_millis(250);
+pub const LATE_DELAY: Duration = Duration::from_millis(300);
 /// The timeout of the late-answer row: a call alone is answered within it, a second call
 /// after the first is not.
 pub const LATE_TIMEOUT_MS: u64 = 400;
+/// How far past its timeout a late-answer row's answer may come: a timer that fires late on a
+/// busy 2-core machine (workerd's answered 87 ms late once, with 80 allowed), well short of the
+/// 600 ms of a waiter that starts its call again with the whole timeout.
+pub const LATE_SLACK_MS: u64 = 120;
 
 /// The late-answer row: the origin answers every call [`LATE_DELAY`] after it is made;
 /// `REQUESTS` requests at once on the cold key `key` of limit [`LATE_LIMIT`] wait for the first
 /// request's call; its answer covers some, and the others make a second call with only what is
 /// left of their time ([`LATE_TIMEOUT_MS`] from their arrival). Every answer comes within that
-/// and a little (80 ms): a waiter that began a call of its own with the whole timeout again
-/// answered at twice the delay (500 ms). `calls()` reads the decision calls the origin saw: at least
-/// two, or the row did not test what it says.
+/// and a little ([`LATE_SLACK_MS`]): a waiter that began a call of its own with the whole
+/// timeout again answered at twice the delay (600 ms). `calls()` reads the decision calls the
+/// origin saw: at least two, or the row did not test what it says.
 pub async fn late_answers<F, Fut, C, CFut>(runtime: &str, key: &str, send: F, calls: C)
 where
     F: Fn(String) -> Fut + Clone + Send + 'static,
@@ -201,7 +205,7 @@ where
         "conformance {runtime}: {REQUESTS} requests at once on a cold key, the origin {LATE_DELAY:?} \
          late: {made} decision calls, {admitted} admitted, slowest answer {slowest:?}"
     );
-    let bound = Duration::from_millis(LATE_TIMEOUT_MS + 80);
+    let bound = Duration::from_millis(LATE_TIMEOUT_MS + LATE_SLACK_MS);
     assert!(
         slowest <= bound,
         "{runtime}: an answer took {slowest:?}, over {bound:?}"

@@ -263,30 +263,21 @@ pub fn begin<S: States>(
         if !decided.success {
             return Begin::Decided(decided); // the local view passed each: never
         }
-        let limits = limits
-            .iter()
-            .zip(plans)
-            .enumerate()
-            .filter_map(|(i, (l, plan))| {
-                let mut plan = plan?;
-                plan.call = states.next_call(i);
-                if let Some(s) = states.state(i) {
-                    // The pass just applied goes as the process's own count.
-                    plan.used = [s.current().own(), s.previous().own()];
-                    s.begin_origin(&plan);
-                }
-                Some(CallLimit {
-                    key: l.key.to_owned_key(),
-                    limit: l.limit,
-                    cost: 0,
-                    plan,
-                })
-            })
-            .collect();
-        return Begin::Ahead(decided, OriginCall { limits });
+        return Begin::Ahead(decided, call(states, limits, plans, now_ms, true));
     }
-    // All or nothing at the origin: limits the lease covers go too, asking the same lease;
-    // every limit gives back the lease it holds (see `OriginPlan::release`).
+    Begin::Call(call(states, limits, plans, now_ms, false))
+}
+
+/// The one origin call of a request, all or nothing: limits the lease covers go too, asking
+/// the same lease; every limit gives back the lease it holds (see `OriginPlan::release`). A
+/// call for a pass `ahead` (already applied) costs 0 and carries the pass as the own count.
+fn call<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    mut plans: Vec<Option<OriginPlan>>,
+    now_ms: u64,
+    ahead: bool,
+) -> OriginCall {
     plans.resize(limits.len(), None);
     let limits = limits
         .iter()
@@ -296,17 +287,20 @@ pub fn begin<S: States>(
             let mut plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
             plan.call = states.next_call(i);
             if let Some(s) = states.state(i) {
+                if ahead {
+                    plan.used = [s.current().own(), s.previous().own()];
+                }
                 s.begin_origin(&plan);
             }
             CallLimit {
                 key: l.key.to_owned_key(),
                 limit: l.limit,
-                cost: l.cost,
+                cost: if ahead { 0 } else { l.cost },
                 plan,
             }
         })
         .collect();
-    Begin::Call(OriginCall { limits })
+    OriginCall { limits }
 }
 
 /// Whether a request may pass ahead of the origin's answer: every limit needs the origin
@@ -339,15 +333,11 @@ fn ahead<S: States>(
                 Reason::Stale | Reason::Lease => c.unacked() == 0,
                 Reason::Strict => false,
             };
-            let d = l.key.duration();
-            let left = s
-                .check(d, l.limit, l.cost)
-                .decide_in(s.sequence(), now_ms, 0)
-                .remaining;
-            unknown
-                && l.cost > 0
-                && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit
-                && left >= l.limit / 2
+            let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
+            unknown && far && {
+                let view = s.check(l.key.duration(), l.limit, l.cost);
+                view.decide_in(s.sequence(), now_ms, 0).remaining >= l.limit / 2
+            }
         })
 }
 

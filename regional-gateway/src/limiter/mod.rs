@@ -190,13 +190,13 @@ impl Limiter {
                     }
                 }
             };
+            // The call it waits on, or a pass ahead's (nothing awaits between here and the
+            // waiter's guard, so a dropped request cannot slip between them).
+            for d in dispatches {
+                self.dispatch(shard, d);
+            }
             let woken = match begun {
-                Ok(decided) => {
-                    for d in dispatches {
-                        self.dispatch(shard, d);
-                    }
-                    break decided;
-                }
+                Ok(decided) => break decided,
                 Err(woken) => woken,
             };
             let mut waiter = Waiter {
@@ -205,9 +205,6 @@ impl Limiter {
                 id,
                 done: false,
             };
-            for d in dispatches {
-                self.dispatch(shard, d);
-            }
             // Every call in flight is answered, fails or times out (its task's bound), and
             // every group waiting on it settles then: the sender is never dropped unused but
             // by a bug, answered then as a failed call would be.

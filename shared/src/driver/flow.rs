@@ -142,8 +142,6 @@ pub struct FlowStats {
     pub origin_failures: u64,
     /// Groups that waited for another group's call instead of sending one.
     pub coalesced: u64,
-    /// Groups passed ahead of their call's answer (their calls are among `origin_calls`).
-    pub ahead: u64,
     /// Replay batches the gateway took.
     pub replays: u64,
     /// Replay batches that failed.
@@ -339,7 +337,6 @@ impl Flow {
                 let bound = now_ms.saturating_add(self.config.timeout_ms);
                 self.send_decide(call, home, bound, Vec::new(), now_ms);
                 self.want_replay(store, home, now_ms);
-                self.stats.ahead += 1;
                 return Some((d, DecidedBy::Ahead));
             }
         };

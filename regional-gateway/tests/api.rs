@@ -401,11 +401,9 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
     assert!(requests * 50 < fresh_for);
     let m = &g.gateway.limiter.metrics;
     let at_origin = m.decisions(Source::Origin);
-    assert_eq!(
-        m.decisions(Source::Ahead),
-        1,
-        "cold: passed ahead of its call"
-    );
+    // Cold: the first passed ahead with no call (the replay delivers it); the second, before
+    // that replay, passed ahead too, with the call that asks for the lease.
+    assert_eq!(m.decisions(Source::Ahead), 2, "cold: passed ahead");
     assert_eq!(m.origin_calls("read"), 0, "decisions never read");
     assert_eq!(m.origin_calls("decide"), at_origin + 1);
     assert_eq!(m.origin_reasons(Reason::Cold), 1);
@@ -416,7 +414,7 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
     );
     // A lease at least twice the last each time: at most log2(50) + 1 decisions.
     assert!((0..=6).contains(&at_origin), "{at_origin}");
-    assert_eq!(m.decisions(Source::Local), requests - at_origin - 1);
+    assert_eq!(m.decisions(Source::Local), requests - at_origin - 2);
     // Once the lease expired, the next request asks the origin again.
     g.clock.advance(fresh_for);
     assert!(g.limit(None, "far-from-limit", 1_000).await.0);
@@ -429,12 +427,11 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
 async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway) {
     let fresh_for = g.gateway.settings.fresh_for.as_millis() as u64;
     let m = &g.gateway.limiter.metrics;
+    // The first passes ahead; the second, before the replay, too, its call asking for the
+    // lease.
     assert!(g.limit(None, "steady", 1_000_000).await.0);
-    assert_eq!(
-        m.decisions(Source::Ahead),
-        1,
-        "cold: passed ahead of its call"
-    );
+    assert!(g.limit(None, "steady", 1_000_000).await.0);
+    assert_eq!(m.decisions(Source::Ahead), 2, "cold: passed ahead");
     // Four lease lifetimes, a request and a replay pass every 100 ms.
     let steps = 4 * fresh_for / 100;
     for step in 0..steps {
@@ -445,7 +442,7 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     assert_eq!(
         m.decisions(Source::Origin),
         0,
-        "every request after the first decided locally"
+        "every request after the first two decided locally"
     );
     assert_eq!(m.origin_reasons(Reason::Stale), 0);
     let renewals = common::metric_sum(&g.get("/metrics").await.text, |l| {
@@ -462,15 +459,18 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     }
     let calls = m.origin_calls("decide");
     assert!(g.limit(None, "steady", 1_000_000).await.0);
-    // An idle key's lease ran out (or went back idle): the next request asks again, passing
-    // ahead of that call (far from the limit, every own pass acknowledged).
-    assert_eq!(m.decisions(Source::Ahead), 2, "an idle key's lease ran out");
+    // An idle key's lease ran out (or went back idle): the next request passes ahead (far
+    // from the limit, every own pass acknowledged), and the replay delivers it.
+    assert_eq!(m.decisions(Source::Ahead), 3, "an idle key's lease ran out");
     assert_eq!(m.decisions(Source::Origin), 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while m.origin_calls("decide") == calls && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert_eq!(m.origin_calls("decide"), calls + 1, "its call went out");
+    assert_eq!(m.origin_calls("decide"), calls, "no decision call");
+    let replayed = m.origin_calls("replay");
+    assert!(g.gateway.limiter.replay_once().await);
+    assert_eq!(
+        m.origin_calls("replay"),
+        replayed + 1,
+        "the replay carried it"
+    );
 }
 
 /// The replay loop's pacing, with another region live: keys far under the publish floor,
@@ -498,8 +498,11 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
     for _ in 0..25 {
         assert!(g.limit(None, "busy", 100).await.0);
     }
+    // Two requests each: the first passes ahead, the second too, its call bringing the lease.
     for id in &quiet {
-        assert!(g.limit(None, id, 1_000_000).await.0);
+        for _ in 0..2 {
+            assert!(g.limit(None, id, 1_000_000).await.0);
+        }
     }
     assert!(g.gateway.limiter.replay_once().await);
     let cells = async || {
@@ -529,7 +532,7 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
             let n = g.post("/v1/origin/read", None, read(id)).await.body["cells"][0]["regional"]
                 .as_u64()
                 .unwrap();
-            waited += u64::from(n < 1 + u64::from(pass));
+            waited += u64::from(n < 2 + u64::from(pass));
         }
     }
     // Ten passes of "busy", and each quiet key once in the ten.
@@ -539,7 +542,7 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
     for id in &quiet {
         let r = g.post("/v1/origin/read", None, read(id)).await;
         assert_eq!(
-            r.body["cells"][0]["regional"], 11,
+            r.body["cells"][0]["regional"], 12,
             "{id}: every pass counted"
         );
     }
@@ -550,11 +553,11 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
 /// so without the yield a tick would hold the worker for all of them.
 async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
     use strata_gateway::limiter::REPLAY_STEP;
-    // The first request of a key is decided at the origin, the second locally under its
-    // lease: one cell of unreplayed cost per key.
+    // The first two requests of a key pass ahead (the second's call carries both and brings
+    // the lease), the third passes locally under it: one cell of unreplayed cost per key.
     let keys = 3 * REPLAY_STEP + 10;
     for i in 0..keys {
-        for _ in 0..2 {
+        for _ in 0..3 {
             assert!(g.limit(None, &format!("k{i}"), 1_000_000).await.0);
         }
     }
@@ -606,8 +609,8 @@ async fn a_janitor_pass_drops_what_expired_in_steps_that_yield() {
     use strata_core::table::LimitRequest;
     let g = gateway(Backend::Memory, &[]).await;
     let limiter = &g.gateway.limiter;
-    // Each cold key is decided at the origin, which keeps two cells for it (its window's and
-    // the one before).
+    // Each cold key is decided at the origin (a limit under the share that passes ahead),
+    // which keeps two cells for it (its window's and the one before).
     let keys = 2_000;
     let ids: Vec<String> = (0..keys).map(|i| format!("j{i}")).collect();
     for id in &ids {
@@ -621,7 +624,7 @@ async fn a_janitor_pass_drops_what_expired_in_steps_that_yield() {
         let d = limiter
             .decide(LimitRequest {
                 key,
-                limit: 100,
+                limit: strata_core::policy::AHEAD_LIMIT_PER_COST - 1,
                 cost: 1,
             })
             .await;
@@ -661,8 +664,10 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     // next is denied from local memory.
     g.limit(None, "m", 1).await;
     g.limit(None, "m", 1).await;
-    // Limit 1,000: the cold request passes ahead of its call, whose answer brings the lease;
-    // the second passes locally under it, and waits for the replay.
+    // Limit 1,000: the cold request passes ahead, with no call; the second, before the
+    // replay delivered the first, passes ahead too, its call asking for the lease; the third
+    // passes locally under it (or joins that call first). All three wait for the replay.
+    g.limit(None, "q", 1_000).await;
     g.limit(None, "q", 1_000).await;
     g.limit(None, "q", 1_000).await;
     let m = g.get("/metrics").await;
@@ -675,7 +680,7 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     );
     assert!(
         m.text
-            .contains("strata_decisions_total{source=\"ahead\",outcome=\"allowed\"} 1"),
+            .contains("strata_decisions_total{source=\"ahead\",outcome=\"allowed\"} 2"),
         "{}",
         m.text
     );

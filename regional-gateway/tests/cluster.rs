@@ -319,14 +319,14 @@ async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_
     for _ in 0..3 {
         one_each(&http, &g.base, &keys, &mut admitted).await;
     }
-    // Each key had one decision call (cold: its first request passed ahead of it), then was
-    // decided locally under the lease the call brought.
+    // No key had more than one decision call: its requests passed ahead (the replay carrying
+    // them), and a second before the replay's answer made the call that brought the lease.
     let decided = common::metric_sum(&common::metrics(&http, &g.base).await, |l| {
         l.starts_with("strata_origin_calls_total")
             && l.contains("op=\"decide\"")
             && l.contains("result=\"ok\"")
     });
-    assert_eq!(decided, keys.len() as f64);
+    assert!(decided <= keys.len() as f64, "{decided} decision calls");
     let victim = cluster.node_of(&current_cell(&keys[0]));
     cluster.nodes[victim].stop();
     // Decisions go on while the node is down (from local memory for its keys).
@@ -343,8 +343,8 @@ async fn a_node_killed_and_restarted_stops_no_decision_and_loses_no_other_nodes_
         "every request under the limit passed: {admitted:?}"
     );
     // Every node holds every request on its keys, once, the restarted one too: each pass here
-    // is the gateway's own (the cold one passed ahead of its call, far from the limit, and
-    // went as the own count the call carried), and the keys were used again after the
+    // is the gateway's own (the first ones passed ahead, far from the limit, and went as the
+    // own count a replay or a call carried), and the keys were used again after the
     // restart, so their replays carry the gateway's whole cumulative count (merged with max).
     // Only a pass the origin itself decided would be lost with the node's memory.
     let expected = |_node: usize, admitted: u64| admitted;

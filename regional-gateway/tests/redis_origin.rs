@@ -203,10 +203,12 @@ async fn redis_stopped_mid_run_falls_back_then_recovers_and_replays() {
         .await
         .unwrap();
     assert_eq!(counts, vec![own]);
-    // And decisions are made at Redis again (this one passes ahead of its call, whose
-    // answer the metrics count once it is in).
+    // And decisions are made at Redis again (this one passes ahead, the replay having
+    // answered the key; the next too, with the call that asks for the lease, whose answer the
+    // metrics count once it is in).
     g.clock.advance(6_000);
     let before = gw.limiter.metrics.origin_answers("decide");
+    assert!(decide(gw, "k", 100).await);
     assert!(decide(gw, "k", 100).await);
     eventually(
         "Redis answers a decision",
@@ -410,6 +412,58 @@ async fn a_cold_decision_reads_and_writes_each_hash_once() {
     }
 }
 
+/// Passes ahead on `keys` keys far from their limit (`sparse-0` ..), one each on `gateway`,
+/// then one replay pass: the commands Redis ran for them, having checked that no decision was
+/// made and one script call carried them all.
+async fn pass_ahead_and_replay(
+    redis: &RedisServer,
+    g: &TestGateway,
+    keys: u64,
+) -> std::collections::HashMap<String, u64> {
+    // The replay script loaded first (its first call's NOSCRIPT and load are not the pass's).
+    assert!(decide(&g.gateway, "warm-up", 1_000).await);
+    assert!(g.gateway.limiter.replay_once().await);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for i in 0..keys {
+        assert!(decide(&g.gateway, &format!("sparse-{i}"), 1_000).await);
+    }
+    assert!(g.gateway.limiter.replay_once().await);
+    let ran = commands(redis);
+    println!("{keys} passes ahead, replayed: {ran:?}");
+    let get = |name: &str| ran.get(name).copied().unwrap_or(0);
+    assert_eq!(
+        get("evalsha") + get("eval"),
+        1,
+        "one replay call, no decision"
+    );
+    assert_eq!(get("hgetall") + get("hget"), 0, "nothing read");
+    ran
+}
+
+/// A request on a key far from its limit that the process has no answer for passes ahead and
+/// costs Redis its replayed cell alone: three commands where it makes the cell (both counts
+/// added, the expiry set), two on a cell another gateway made; a decision on a cold key costs
+/// seven to nine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_ahead_costs_redis_its_replayed_cell_alone() {
+    const KEYS: u64 = 50;
+    let redis = RedisServer::start();
+    let a = on_redis(&redis).await;
+    let ran = pass_ahead_and_replay(&redis, &a, KEYS).await;
+    assert_eq!(ran.get("hincrby"), Some(&(2 * KEYS)), "{ran:?}");
+    assert_eq!(ran.get("pexpire"), Some(&KEYS), "the cell, made");
+    assert_eq!(script_commands(&ran), 3 * KEYS);
+    let cell = cell_key(key("sparse-7"), T0 / 60_000);
+    let ttl: i64 = redis.cli(&["PTTL", &cell]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 180_000, "{cell} expires: {ttl} ms");
+
+    let b = on_redis(&redis).await;
+    let ran = pass_ahead_and_replay(&redis, &b, KEYS).await;
+    assert_eq!(ran.get("pexpire"), None, "the cell keeps its expiry");
+    assert_eq!(script_commands(&ran), 2 * KEYS);
+    assert_eq!(redis.cli(&["HGET", &cell, "n"]), "2", "both passes counted");
+}
+
 /// A lease hash the decide script empties (the one lease in it, another gateway's, expired)
 /// and fills again (the caller's new lease) is a new key to Redis: it gets an expiry like a key
 /// made from nothing. The caller's own lease, run out, is replaced in place.
@@ -474,8 +528,9 @@ async fn a_lease_hash_emptied_and_made_again_still_expires() {
 }
 
 /// What a replay costs Redis: one script call per batch; per cell, two commands when the
-/// caller's acknowledged count agrees with Redis's record (after the first write, which reads
-/// first and sets the expiry), three without that hint; the expiry set once per cell.
+/// caller's acknowledged count agrees with Redis's record (its first write, acknowledged as 0,
+/// too, plus the expiry where it makes the cell), three without that hint; the expiry set
+/// once per cell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_batch_is_one_script_call_and_sets_expiry_once_per_cell() {
     const CELLS: u64 = 200;
@@ -509,11 +564,11 @@ async fn a_replay_batch_is_one_script_call_and_sets_expiry_once_per_cell() {
     println!("5 replays of {CELLS} cells: {ran:?}");
     assert_eq!(get("evalsha") + get("eval"), 5, "one script call per batch");
     assert_eq!(get("pexpire"), CELLS, "expiry set once per cell");
-    assert_eq!(get("hget"), CELLS, "only the first write reads");
+    assert_eq!(get("hget"), 0, "no write reads");
     assert_eq!(
         in_scripts,
-        4 * CELLS + 2 * 4 * CELLS,
-        "first write: read, add, record, expire; then add to both"
+        3 * CELLS + 2 * 4 * CELLS,
+        "first write: add to both, expire; then add to both"
     );
     // Without the hint (an older edge), with a wrong one, or delivered twice: the same counts.
     for (used, acked, what) in [(6, 0, "no hint"), (7, 2, "a wrong hint"), (7, 6, "twice")] {

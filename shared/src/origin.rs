@@ -167,6 +167,13 @@ impl WindowState {
                 cell.lease_id = answer.lease_id;
                 cell.lease_until = plan.at_ms.saturating_add(answer.lease_ms);
                 self.lease.granted(answer.lease);
+            } else if answer.lease == 0 && plan.want > 0 && cell.grant <= cell.own {
+                // Asked and lent nothing (others' leases hold what the counts leave): a lease
+                // of 0 for a lifetime, so no request passes ahead of the origin's answer
+                // meanwhile (see `request::begin`). Nothing can be admitted under it.
+                cell.lease_until = cell
+                    .lease_until
+                    .max(plan.at_ms.saturating_add(answer.lease_ms));
             }
             // Never 0 once answered: 0 means cold.
             cell.lease_until = cell.lease_until.max(1);
@@ -231,6 +238,14 @@ impl WindowState {
         }
     }
 
+    /// Gives back the current cell's lease the replay found idle ([`Self::idle_lease`]): stops
+    /// using it and ends its lifetime now, so the key has no live answer (its next request may
+    /// pass ahead of the decision that follows). Returns its id.
+    pub fn give_back_idle(&mut self, now_ms: u64) -> u64 {
+        self.current.lease_until = self.current.lease_until.min(now_ms).max(1);
+        self.release_lease()
+    }
+
     /// Stops using the current cell's lease (before telling the origin it may drop it);
     /// returns its id. Answers about this lease or older ones no longer revive it.
     pub fn release_lease(&mut self) -> u64 {
@@ -239,13 +254,18 @@ impl WindowState {
     }
 
     /// Merges a replay answer: `counts` of cell `sequence` after the origin took this
-    /// process's own cumulative count `delivered`.
+    /// process's own cumulative count `delivered`. An acknowledged pass is an answer: the cell
+    /// is no longer cold (its count is the region's, as of the replay), though it holds no
+    /// lease, so a pass ahead of the origin's answer needs no decision of its own.
     pub fn apply_replay(&mut self, sequence: u64, counts: Counts, delivered: u64) -> bool {
         let Some(cell) = self.cell_mut(sequence) else {
             return false;
         };
         cell.counts.merge(counts);
         cell.acked = cell.acked.max(delivered);
+        if delivered > 0 {
+            cell.lease_until = cell.lease_until.max(1);
+        }
         true
     }
 

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_LEASE_MS: u64 = 5_000;
 /// How long a failed origin call holds off the next call for the same cell by default.
 pub const DEFAULT_READ_RETRY_MS: u64 = 300;
-/// A request with no live answer (a cold cell, a lapsed lease) passes ahead of the origin's
+/// A request with no live answer (a cold cell, no live lease) passes ahead of the origin's
 /// answer only if its limit is at least this many times its cost (and half of it is left in
-/// the process's view): what it can admit over the limit (one request per process and lapse,
-/// at a key others spent meanwhile) stays under 1/64 of the limit per process.
+/// the process's view): what it can admit over the limit (two requests per process and
+/// answer, at a key others spent meanwhile) stays under 1/32 of the limit per process.
 pub const AHEAD_LIMIT_PER_COST: u64 = 64;
 
 /// What a request whose decision needs the origin gets when the origin gives no answer (the
@@ -48,8 +48,9 @@ impl FailureMode {
     /// Whether the mode decides from memory (`local`, and `allow`, which passes unless the
     /// process's own count proves a limit exceeded); `deny` denies instead. The same modes let
     /// a request with no live answer pass ahead of the origin's (see
-    /// [`AHEAD_LIMIT_PER_COST`]): it is decided as an outage would decide it, and the answer,
-    /// on its way, corrects the cell; `deny` admits nothing the origin did not answer.
+    /// [`AHEAD_LIMIT_PER_COST`]): it is decided as an outage would decide it, and the replay
+    /// answer that acknowledges it brings the region's count; `deny` admits nothing the
+    /// origin did not answer.
     pub const fn from_memory(self) -> bool {
         !matches!(self, FailureMode::Deny)
     }

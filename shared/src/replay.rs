@@ -150,7 +150,7 @@ impl WindowState {
         if !(idle || holds || unacked(self) > 0) {
             return false;
         }
-        let released = if idle { self.release_lease() } else { 0 };
+        let released = if idle { self.give_back_idle(now_ms) } else { 0 };
         let current = self.current();
         let far = self.lease_is_far(now_ms);
         let renew = if renew_within > 0

@@ -9,6 +9,8 @@
 //!                                    ├─ answer: call.answers(&response) → finish(…) → decision
 //!                                    └─ failure: fail(…) → decision per the failure mode
 //!                             └─ Begin::Fallback(decision)         the origin failed moments ago
+//!                             └─ Begin::Ahead(decision, call?)     no live answer, far from the limit:
+//!                                                                  passed; the replay delivers it
 //! ```
 //!
 //! A call owns everything it needs, so a driver can hold it across an await (a Worker), in a
@@ -82,10 +84,12 @@ pub enum Begin {
     /// on one of its cells failed within [`OriginPolicy::read_retry_ms`].
     Fallback(MultiDecision),
     /// Passed ahead of the origin's answer and applied (no limit has a live answer, each is
-    /// far from its limit, and the failure mode decides from memory): make this call, of cost
-    /// 0, which carries the pass as the process's own count and asks for the lease; nothing
-    /// waits on it.
-    Ahead(MultiDecision, OriginCall),
+    /// far from its limit, and the failure mode decides from memory): the pass is the
+    /// process's own count, which the next replay pass delivers, and the replay's answer (the
+    /// region's count) is the answer the next request on the key goes by. With a call when a
+    /// pass ahead on one of its keys is not acknowledged yet (a key in demand): make it, of
+    /// cost 0; it carries the passes and asks for the lease; nothing waits on it.
+    Ahead(MultiDecision, Option<OriginCall>),
 }
 
 pub use crate::policy::FailureMode;
@@ -258,12 +262,15 @@ pub fn begin<S: States>(
     if denied || (!repeated && plans.iter().all(Option::is_none)) {
         return Begin::Decided(decide_locally(states, limits, now_ms));
     }
-    if !repeated && policy.failure_mode.from_memory() && ahead(states, limits, &plans, now_ms) {
-        let decided = decide_locally(states, limits, now_ms);
-        if !decided.success {
-            return Begin::Decided(decided); // the local view passed each: never
+    if !repeated && policy.failure_mode.from_memory() {
+        if let Some(calling) = ahead(states, limits, &plans, now_ms) {
+            let decided = decide_locally(states, limits, now_ms);
+            if !decided.success {
+                return Begin::Decided(decided); // the local view passed each: never
+            }
+            let call = calling.then(|| call(states, limits, plans, now_ms, true));
+            return Begin::Ahead(decided, call);
         }
-        return Begin::Ahead(decided, call(states, limits, plans, now_ms, true));
     }
     Begin::Call(call(states, limits, plans, now_ms, false))
 }
@@ -303,42 +310,59 @@ fn call<S: States>(
     OriginCall { limits }
 }
 
-/// Whether a request may pass ahead of the origin's answer: every limit needs the origin
-/// because it has no live answer (its cell is cold and this process knows no count of it, or
-/// its lease expired or went back idle, with every own pass acknowledged), its limit is at least
-/// [`AHEAD_LIMIT_PER_COST`] times its cost, and its local view (the previous window's count
-/// included) leaves at least half the limit after it. What that can admit over the limit is
-/// one request per process and cell each time it has no live answer, at a key other processes
-/// spent meanwhile past half its limit.
+/// Whether a request may pass ahead of the origin's answer, and if so whether with a call
+/// (`Some(true)`). Every limit needs the origin because it has no live answer (its cell is
+/// cold and this process knows no count of it but its own passes, or no lease lifetime runs:
+/// lapsed, given back idle, or never lent to a key answered by replays alone); its limit is
+/// at least [`AHEAD_LIMIT_PER_COST`] times its cost; its local view (the previous window's
+/// count included) leaves at least half the limit after it; and no more than one request's
+/// cost of its own passes is unacknowledged. With every own pass acknowledged (by a decision
+/// or a replay) it goes without a call: a key between sparse requests costs the origin one
+/// replayed cell a request and no decision. With one pass unacknowledged (a key in demand)
+/// its call carries both and asks for the lease, and the requests after it join that call.
+/// What that can admit over the limit is two requests per process and cell for each
+/// acknowledgement, at a key others spent past half its limit since this process last heard
+/// its count.
 fn ahead<S: States>(
     states: &mut S,
     limits: &[LimitRequest<'_>],
     plans: &[Option<OriginPlan>],
     now_ms: u64,
-) -> bool {
-    plans.len() == limits.len()
-        && limits.iter().zip(plans).enumerate().all(|(i, (l, plan))| {
-            let (Some(plan), Some(s)) = (plan, states.state(i)) else {
-                return false;
-            };
-            let c = s.current();
-            let unknown = match plan.reason {
-                // No count a sync or an answer brought either: an origin that lost its data
-                // raises its count to the region's published one with `max`, which would
-                // swallow a pass counted before it.
-                Reason::Cold => c.own() == 0 && c.counts().total() == 0,
-                // A lease that lapsed, or that the replay gave back idle: one pass ahead a
-                // lapse (the next finds it unacknowledged). A lease used up by passes not yet
-                // acknowledged waits, and so does a key just denied.
-                Reason::Stale | Reason::Lease => c.unacked() == 0,
-                Reason::Strict => false,
-            };
-            let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
-            unknown && far && {
-                let view = s.check(l.key.duration(), l.limit, l.cost);
-                view.decide_in(s.sequence(), now_ms, 0).remaining >= l.limit / 2
-            }
-        })
+) -> Option<bool> {
+    if plans.len() != limits.len() {
+        return None;
+    }
+    let mut calling = false;
+    for (i, (l, plan)) in limits.iter().zip(plans).enumerate() {
+        let (Some(plan), Some(s)) = (plan, states.state(i)) else {
+            return None;
+        };
+        let c = s.current();
+        let unknown = match plan.reason {
+            // No count a sync or an answer brought either: an origin that lost its data
+            // raises its count to the region's published one with `max`, which would
+            // swallow a pass counted before it.
+            Reason::Cold => c.counts().total() == c.own(),
+            // No lease lifetime running: it lapsed, went back idle (which ends it), or was
+            // never lent (a key answered by replays alone). A lease used up within its
+            // lifetime waits, and so does an answer that lent nothing though asked (a lease of
+            // 0 for a lifetime: others' leases hold what the counts leave), and a key just
+            // denied.
+            Reason::Stale | Reason::Lease => !c.is_fresh(now_ms),
+            Reason::Strict => false,
+        };
+        let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
+        let unacked = c.unacked();
+        if !(unknown && far && unacked <= l.cost) {
+            return None;
+        }
+        let view = s.check(l.key.duration(), l.limit, l.cost);
+        if view.decide_in(s.sequence(), now_ms, 0).remaining < l.limit / 2 {
+            return None;
+        }
+        calling |= unacked > 0;
+    }
+    Some(calling)
 }
 
 /// The plan of a limit its lease covers, sent along with the others of its request.

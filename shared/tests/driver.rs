@@ -151,8 +151,25 @@ fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
     assert_eq!(d.waiting(), 0);
 }
 
+/// The replay transmits due at `now`, answered as [`replayed`]; returns their events.
+fn replay_pass(
+    d: &mut Driver,
+    store: &mut TableStore,
+    now: u64,
+) -> Vec<strata_core::wire::ReplayEvent> {
+    d.timeout(store, now);
+    let mut events = Vec::new();
+    for t in transmits(d) {
+        assert_eq!(t.path, REPLAY_PATH, "only the replay is due");
+        let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+        events.extend(request.events);
+        d.answer(store, t.call, 200, replayed(&t).as_bytes(), now);
+    }
+    events
+}
+
 #[test]
-fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_brings_the_lease() {
+fn a_key_far_from_its_limit_passes_ahead_and_its_replay_answers_it() {
     for mode in [FailureMode::Local, FailureMode::Allow] {
         let (mut d, mut store) = driver(mode, AHEAD_LIMIT_PER_COST);
         let Started::Decided(first) = d.request(&mut store, 0, &user("a"), T0).unwrap() else {
@@ -162,33 +179,50 @@ fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_brings_the_lease() {
             first.reply.allowed && first.by == DecidedBy::Ahead,
             "{mode:?}"
         );
-        // The next ones join its call, which carries the pass as the own count, at no cost.
-        for id in 1..4 {
-            let started = d.request(&mut store, id, &user("a"), T0 + 1).unwrap();
-            assert_eq!(started, Started::Waiting, "{mode:?}: one pass ahead a cell");
-        }
+        assert!(transmits(&mut d).is_empty(), "{mode:?}: no decision call");
+        // The next replay pass carries it as the process's own count; its answer is the key's.
+        let events = replay_pass(&mut d, &mut store, T0 + INTERVAL);
+        assert_eq!(events.len(), 1, "{mode:?}");
+        assert_eq!((events[0].used, events[0].acked), (1, 0), "{mode:?}");
+        // Acknowledged: the next request passes ahead too, with no call.
+        let t = T0 + INTERVAL + 1;
+        let second = d.request(&mut store, 1, &user("a"), t).unwrap();
+        assert!(
+            matches!(second, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed),
+            "{mode:?}"
+        );
+        // One that comes before that pass is acknowledged passes ahead too, with a call that
+        // carries the passes and asks for the lease of a key in demand; the next joins that call.
+        let third = d.request(&mut store, 2, &user("a"), t + 1).unwrap();
+        assert!(
+            matches!(third, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed),
+            "{mode:?}"
+        );
+        let started = d.request(&mut store, 3, &user("a"), t + 1).unwrap();
+        assert_eq!(
+            started,
+            Started::Waiting,
+            "{mode:?}: two passes ahead an acknowledgement"
+        );
         let sent = transmits(&mut d);
         assert_eq!(sent.len(), 1, "{mode:?}");
         let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
         let l = &call.limits[0];
         assert_eq!(
             (l.cost, l.used, l.want),
-            (0, 1, AHEAD_LIMIT_PER_COST),
+            (0, 3, AHEAD_LIMIT_PER_COST),
             "{mode:?}"
         );
-        grant(&mut d, &mut store, &sent[0], 10, T0 + 3);
+        grant(&mut d, &mut store, &sent[0], 10, t + 2);
         let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
-        assert_eq!(decided.len(), 3, "{mode:?}");
-        assert!(
-            decided
-                .iter()
-                .all(|x| x.reply.allowed && x.by == DecidedBy::Local)
+        let by: Vec<_> = decided.iter().map(|x| (x.reply.allowed, x.by)).collect();
+        assert_eq!(
+            by,
+            [(true, DecidedBy::Local)],
+            "{mode:?}: the lease covers it"
         );
         let s = d.stats();
-        assert_eq!(
-            (s.decided_ahead, s.decided_local, s.origin_calls),
-            (1, 3, 1)
-        );
+        assert_eq!((s.decided_ahead, s.origin_calls), (3, 1), "{mode:?}");
     }
     // `deny` admits nothing the gateway did not answer; a limit under the share waits too.
     for (mode, limit) in [
@@ -205,39 +239,110 @@ fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_brings_the_lease() {
 }
 
 #[test]
-fn a_lapsed_lease_far_from_the_limit_passes_ahead_once_near_it_waits() {
-    let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
-    // Key "far" holds 1 of 64 when its lease is lent, "near" 40 (others' passes).
-    for (id, name, others) in [(0, "far", 0), (1, "near", 39)] {
-        let started = d.request(&mut store, id, &user(name), T0).unwrap();
-        assert!(matches!(started, Started::Decided(x) if x.by == DecidedBy::Ahead));
-        let t = transmits(&mut d);
-        let body = granted_over(&t[0], 5, 1_000, others, T0);
-        d.answer(&mut store, t[0].call, 200, body.as_bytes(), T0 + 1);
-    }
-    // The passes ahead are acknowledged by their replay.
+fn a_pass_ahead_whose_replay_fails_leaves_one_more_with_a_call_then_requests_wait() {
+    let (mut d, mut store) = driver(FailureMode::Local, 1_000);
+    let first = d.request(&mut store, 0, &user("a"), T0).unwrap();
+    assert!(matches!(first, Started::Decided(x) if x.by == DecidedBy::Ahead));
     d.timeout(&mut store, T0 + INTERVAL);
-    for t in transmits(&mut d) {
-        d.answer(
-            &mut store,
-            t.call,
-            200,
-            replayed(&t).as_bytes(),
-            T0 + INTERVAL,
-        );
+    let sent = transmits(&mut d);
+    assert_eq!(sent.len(), 1);
+    d.fail(&mut store, sent[0].call, "refused", T0 + INTERVAL);
+    // Unacknowledged: one more passes ahead, its call carrying both; then requests wait.
+    let t = T0 + INTERVAL + 1;
+    let second = d.request(&mut store, 1, &user("a"), t).unwrap();
+    assert!(matches!(second, Started::Decided(x) if x.by == DecidedBy::Ahead));
+    let sent = transmits(&mut d);
+    let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!((call.limits[0].cost, call.limits[0].used), (0, 2));
+    assert_eq!(
+        d.request(&mut store, 2, &user("a"), t).unwrap(),
+        Started::Waiting
+    );
+    // Its call fails too: the waiter is decided by the failure mode, the passes stay
+    // counted for the replay.
+    d.fail(&mut store, sent[0].call, "refused", t + 1);
+    let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0].by, DecidedBy::Fallback);
+    assert_eq!(store.table.unreplayed_cells(), 1);
+}
+
+/// Lends `name` a lease: two passes ahead, the second's call answered with `lease` for
+/// `lease_ms` over `others` passes of other processes; then the replay that acknowledges them.
+fn lend(
+    d: &mut Driver,
+    store: &mut TableStore,
+    name: &str,
+    lease: u64,
+    lease_ms: u64,
+    others: u64,
+    now: u64,
+) {
+    for id in 0..2 {
+        let ahead = d.request(store, id, &user(name), now).unwrap();
+        assert!(matches!(ahead, Started::Decided(x) if x.by == DecidedBy::Ahead));
     }
-    // The leases lapse (1 s): "far" passes ahead of its renewal call, "near" (23 of 64 left
-    // after it, under half) waits for the gateway.
+    let t = transmits(d);
+    assert_eq!(t.len(), 1, "the second's call");
+    let body = granted_over(&t[0], lease, lease_ms, others, now);
+    d.answer(store, t[0].call, 200, body.as_bytes(), now + 1);
+    assert!(d.poll_decision().is_none(), "nobody waited on it");
+    assert_eq!(replay_pass(d, store, now + INTERVAL).len(), 1);
+}
+
+#[test]
+fn a_lapsed_lease_far_from_the_limit_passes_ahead_near_it_waits() {
+    let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
+    // Key "far" holds 2 of 64 when its lease is lent, "near" 39 (others' passes).
+    lend(&mut d, &mut store, "far", 5, 1_000, 0, T0);
+    lend(&mut d, &mut store, "near", 5, 1_000, 39, T0);
+    // The leases lapse (1 s): "far" passes ahead, with no call; "near" (24 of 64 left after
+    // it, under half) waits for the gateway.
     let later = T0 + 2_000;
     let far = d.request(&mut store, 2, &user("far"), later).unwrap();
     assert!(matches!(far, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed));
-    let call: DecideRequest = serde_json::from_str(&transmits(&mut d)[0].body).unwrap();
-    assert_eq!((call.limits[0].cost, call.limits[0].release), (0, 1));
+    assert!(transmits(&mut d).is_empty());
     let near = d.request(&mut store, 3, &user("near"), later).unwrap();
     assert_eq!(near, Started::Waiting);
-    // One pass ahead a lapse: the next on "far" joins its call.
+    // Two passes ahead an acknowledgement: the next on "far" asks for the lease, the one
+    // after it waits for that call.
     let again = d.request(&mut store, 4, &user("far"), later + 1).unwrap();
-    assert_eq!(again, Started::Waiting);
+    assert!(matches!(again, Started::Decided(x) if x.by == DecidedBy::Ahead));
+    let calls = transmits(&mut d);
+    assert_eq!(calls.len(), 2, "near's decision, far's call");
+    let waits = d.request(&mut store, 5, &user("far"), later + 1).unwrap();
+    assert_eq!(waits, Started::Waiting);
+}
+
+#[test]
+fn an_answer_that_lends_nothing_holds_passes_ahead_off_for_a_lease_lifetime() {
+    let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
+    // Two passes ahead; the second's call finds no room (others' leases hold it, which the
+    // counts do not show): lease 0, lent for 5 s.
+    lend(&mut d, &mut store, "held", 0, 5_000, 0, T0);
+    let t = T0 + INTERVAL + 1;
+    assert_eq!(
+        d.request(&mut store, 2, &user("held"), t).unwrap(),
+        Started::Waiting
+    );
+    let sent = transmits(&mut d);
+    let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!(
+        call.limits[0].cost, 1,
+        "decided at the gateway, not passed ahead"
+    );
+    d.answer(
+        &mut store,
+        sent[0].call,
+        200,
+        granted_for(&sent[0], 0, 5_000, t).as_bytes(),
+        t,
+    );
+    assert!(d.poll_decision().is_some_and(|x| x.by == DecidedBy::Origin));
+    // The lifetime over, the key passes ahead again.
+    let later = t + 5_000;
+    let again = d.request(&mut store, 3, &user("held"), later).unwrap();
+    assert!(matches!(again, Started::Decided(x) if x.by == DecidedBy::Ahead));
 }
 
 /// Answers every transmit: decisions as [`granted_over`] with `lease` for a minute, replays as
@@ -260,45 +365,27 @@ fn answer_all(d: &mut Driver, store: &mut TableStore, lease: u64, now: u64) -> u
 #[test]
 fn a_lease_given_back_idle_passes_ahead_of_the_next_call() {
     let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
-    d.request(&mut store, 0, &user("sparse"), T0).unwrap();
-    answer_all(&mut d, &mut store, 40, T0 + 1);
-    // A pass acknowledges the pass ahead and starts the lease's idle count; traffic on another
-    // key brings a pass a second later, which gives the idle lease back (40 of the 63 left).
-    d.timeout(&mut store, T0 + INTERVAL);
-    answer_all(&mut d, &mut store, 40, T0 + INTERVAL);
+    lend(&mut d, &mut store, "sparse", 40, 60_000, 0, T0);
+    // The replay that acknowledged the pass ahead started the lease's idle count; traffic on
+    // another key brings a pass a second later, which gives the idle lease back (40 of the 62
+    // left).
     let busy = T0 + INTERVAL + 1_000;
     d.request(&mut store, 1, &user("busy"), busy).unwrap();
     answer_all(&mut d, &mut store, 40, busy);
     d.timeout(&mut store, busy + INTERVAL);
     assert_eq!(answer_all(&mut d, &mut store, 40, busy + INTERVAL), 1);
     // The next request on the sparse key has no lease (given back, every own pass
-    // acknowledged): it passes ahead of the call that asks for one.
-    let next = d
-        .request(&mut store, 2, &user("sparse"), busy + 200)
-        .unwrap();
+    // acknowledged): it passes ahead, and the replay carries it.
+    let t = busy + 200;
+    let next = d.request(&mut store, 2, &user("sparse"), t).unwrap();
     assert!(matches!(next, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed));
-    let call: DecideRequest = serde_json::from_str(&transmits(&mut d)[0].body).unwrap();
-    assert_eq!((call.limits[0].cost, call.limits[0].used), (0, 2));
-}
-
-#[test]
-fn a_pass_ahead_whose_call_fails_stays_counted_for_the_replay() {
-    let (mut d, mut store) = driver(FailureMode::Local, 1_000);
-    let Started::Decided(first) = d.request(&mut store, 0, &user("a"), T0).unwrap() else {
-        panic!("the first request waited");
-    };
-    assert_eq!(first.by, DecidedBy::Ahead);
-    assert_eq!(transmits(&mut d)[0].path, DECIDE_PATH);
-    // Silent: the call fails at the flow's bound, deciding nobody; the replay, due meanwhile,
-    // carries the pass.
-    d.timeout(&mut store, T0 + TIMEOUT);
-    assert!(d.poll_decision().is_none());
-    assert_eq!(d.stats().origin_failures, 1);
-    let replay = transmits(&mut d);
-    assert_eq!(replay.len(), 1);
-    assert_eq!(replay[0].path, REPLAY_PATH);
-    let request: ReplayRequest = serde_json::from_str(&replay[0].body).unwrap();
-    assert_eq!(request.events[0].used, 1, "the pass ahead, once");
+    assert!(transmits(&mut d).is_empty(), "no decision call");
+    let events = replay_pass(&mut d, &mut store, t + INTERVAL);
+    assert_eq!(
+        events.iter().map(|e| e.used).collect::<Vec<_>>(),
+        [3],
+        "the three passes ahead"
+    );
 }
 
 #[test]

@@ -135,7 +135,7 @@ fn a_matching_request_calls_the_gateway_once_per_group_and_its_answer_decides() 
 
 #[wasm_bindgen_test]
 fn concurrent_requests_on_a_cold_key_wait_for_one_call() {
-    let mut e = edge(100, "");
+    let mut e = edge(NEAR, "");
     for id in 0..8 {
         assert!(start(&mut e, id, "/api/a", "192.0.2.50").is_none());
     }
@@ -290,27 +290,32 @@ fn local_passes_are_replayed_in_one_batch_after_the_delay_and_again_after_a_fail
 }
 
 #[wasm_bindgen_test]
-fn a_cold_key_far_from_its_limit_passes_ahead_and_its_call_goes_out() {
+fn a_cold_key_far_from_its_limit_passes_ahead_and_the_second_pass_asks_for_the_lease() {
     let per_ip = json!({"rules": [{"name": "per-ip", "namespace": "api", "limit": NEAR + 1,
         "duration": "1m", "actions": [{"remote_address": {}}]}]});
     let mut e = Edge::new(&per_ip.to_string(), "", "test", 250.0, 50.0).unwrap();
     let reply = start(&mut e, 1, "/api/a", "192.0.2.30").expect("decided at once");
     assert!(reply.allowed);
     assert_eq!(reply.by, "ahead");
+    assert!(calls(&mut e).is_empty(), "no call: the replay delivers it");
+    // The next, before that replay, passes ahead too; its call carries both and asks for the
+    // lease.
+    let second = start(&mut e, 2, "/api/a", "192.0.2.30").expect("decided at once");
+    assert_eq!(second.by, "ahead");
     assert!(e.wants_pump(), "the call to send");
     let sent = calls(&mut e);
     assert_eq!(sent.len(), 1);
     let body: Value = serde_json::from_str(&sent[0].body).unwrap();
     assert_eq!(
         (&body["limits"][0]["cost"], &body["limits"][0]["used"]),
-        (&json!(0), &json!(1))
+        (&json!(0), &json!(2))
     );
     e.answer(sent[0].call, 200, &granted(&sent[0].body, 50), NOW);
     assert!(decisions(&mut e).is_empty(), "nobody waited on it");
-    let next = start(&mut e, 2, "/api/a", "192.0.2.30").expect("the lease covers it");
+    let next = start(&mut e, 3, "/api/a", "192.0.2.30").expect("the lease covers it");
     assert_eq!(next.by, "local");
     let stats: Value = serde_json::from_str(&e.stats()).unwrap();
-    assert_eq!(stats["decided"]["ahead"], 1);
+    assert_eq!(stats["decided"]["ahead"], 2);
 }
 
 #[wasm_bindgen_test]

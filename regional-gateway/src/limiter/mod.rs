@@ -180,7 +180,7 @@ impl Limiter {
                 let mut flow = self.flows.lock(shard);
                 let tables = &mut self.tables();
                 match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
-                    // Passed ahead of its call's answer, which is on its way.
+                    // Decided at once (passed ahead, maybe with a call asking for the lease).
                     Some(decided) => (Ok(decided), flow.drain()),
                     None => {
                         // Registered under the flow's lock: its wake-up cannot be missed.

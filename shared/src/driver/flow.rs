@@ -85,7 +85,8 @@ pub enum DecidedBy {
     /// The failure mode: a call failed or timed out, or one did moments ago.
     Fallback,
     /// Local memory, ahead of the gateway's answer: a key with no live answer, far from its
-    /// limit (see [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose call goes out meanwhile.
+    /// limit (see [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose pass the next replay
+    /// delivers (a key in demand: with a call meanwhile that asks for its lease).
     Ahead,
 }
 
@@ -333,9 +334,11 @@ impl Flow {
                 return Some((d, DecidedBy::Fallback));
             }
             Begin::Ahead(d, call) => {
-                // Nothing waits on it: bounded by the flow's timeout, not the group's time.
-                let bound = now_ms.saturating_add(self.config.timeout_ms);
-                self.send_decide(call, home, bound, Vec::new(), now_ms);
+                if let Some(call) = call {
+                    // Nothing waits on it: bounded by the flow's timeout, not the group's time.
+                    let bound = now_ms.saturating_add(self.config.timeout_ms);
+                    self.send_decide(call, home, bound, Vec::new(), now_ms);
+                }
                 self.want_replay(store, home, now_ms);
                 return Some((d, DecidedBy::Ahead));
             }

@@ -62,11 +62,12 @@ end
 /// of a cell that failed alone) and the renewed lease's new id (0: not renewed).
 ///
 /// A cell costs Redis two commands when the caller's acknowledged count agrees with the own
-/// count held here (the usual case): the difference added to both, the check being the
-/// own count `HINCRBY` returns. Otherwise (a lost answer, a first write, lost data) it is put
-/// right with a `max`-merge, two or three commands more. The expiry is set once, by the
-/// process's first write to the cell (the decide script sets it for cells decided first), not
-/// on every replay. A renewal (once per lease lifetime of a key in use, three commands) keeps
+/// count held here (the usual case, and a process's first write, acknowledged as 0): the
+/// difference added to both, the check being the own count `HINCRBY` returns; three where
+/// that first write makes the cell (a pass ahead on a key new to the region). Otherwise (a
+/// lost answer, lost data) it is put right with a `max`-merge, two or three commands more.
+/// The expiry is set once, by the write that makes the cell (the decide script sets it for
+/// cells decided first), not on every replay. A renewal (once per lease lifetime of a key in use, three commands) keeps
 /// the same ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
@@ -94,11 +95,16 @@ end
 local function merge(cell, used, acked, ttl)
   -- nothing of its own to merge (a lease given back on a key the origin decided): the count
   if used == 0 then return tonumber(redis.call('HGET', cell, 'n') or '0') end
-  if acked > 0 and used > acked then
-    -- the caller says its record here is `acked`: add the difference, and check
+  if used > acked then
+    -- the caller says its record here is `acked` (0: none yet): add the difference, and check
     local d = used - acked
     local v = redis.call('HINCRBY', cell, f, d)
-    if v == used then return redis.call('HINCRBY', cell, 'n', d) end
+    if v == used then
+      local n = redis.call('HINCRBY', cell, 'n', d)
+      -- the cell's first count (a pass ahead on a key new to the region): the cell was made
+      if acked == 0 and n == d then redis.call('PEXPIRE', cell, ttl, 'NX') end
+      return n
+    end
     -- it was not: put the record right (it held v - d) and merge with max
     local held = v - d
     if held == 0 then redis.call('PEXPIRE', cell, ttl, 'NX') end

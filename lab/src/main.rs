@@ -105,7 +105,7 @@ async fn main() -> ExitCode {
         eprintln!("==> {}: {}\n    {}", s.name, s.about, s.parameters());
         match strata_lab::run(s, &options).await {
             Ok(report) => {
-                eprintln!("{}\n{}", Report::header(), report.row());
+                eprintln!("{}\n{}\n{}", Report::header(), report.row(), report.paths());
                 rows.push(report.row());
             }
             Err(e) => {

@@ -15,19 +15,38 @@ pub struct Reading {
     pub sql_errors: f64,
     /// Origin calls (decisions, reads, replay batches) every gateway made.
     pub origin_calls: f64,
+    /// Origin calls by kind, as [`CALL_KINDS`] names them.
+    pub calls_by_kind: [f64; CALL_KINDS.len()],
+    /// Decisions every gateway made, by the path that made them ([`SOURCES`]).
+    pub decided_by: [f64; SOURCES.len()],
+    /// Requests every gateway sent to the origin, by why ([`REASONS`]).
+    pub asked_for: [f64; REASONS.len()],
     /// CPU seconds the gateways used (user + system).
     pub cpu_seconds: f64,
     /// Each gateway's resident memory, KiB.
     pub rss_kib: Vec<u64>,
 }
 
+/// The paths a gateway's decision is made by (`strata_decisions_total`'s `source`).
+pub const SOURCES: [&str; 4] = ["local", "origin", "ahead", "fallback"];
+/// Why a gateway sent a request to the origin (`strata_origin_reasons_total`'s `reason`).
+pub const REASONS: [&str; 4] = ["cold", "stale", "strict", "lease"];
+/// The kinds of origin call (`strata_origin_calls_total`'s `op`).
+pub const CALL_KINDS: [&str; 3] = ["decide", "replay", "read"];
+
 /// The sum of the values of the metric lines whose name is `name` (labels and all).
 fn metric_sum(text: &str, name: &str) -> f64 {
+    labelled_sum(text, name, "")
+}
+
+/// [`metric_sum`] of the lines whose labels include `label` (`source="ahead"`).
+fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            l.strip_prefix(name).is_some_and(|rest| {
+                rest.starts_with(' ') || (rest.starts_with('{') && rest.contains(label))
+            })
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -100,6 +119,18 @@ pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
         .map(|name| metric_sum(&text, name))
         .sum::<f64>();
         reading.origin_calls += metric_sum(&text, "strata_origin_calls_total");
+        for (n, kind) in reading.calls_by_kind.iter_mut().zip(CALL_KINDS) {
+            let label = format!("op=\"{kind}\"");
+            *n += labelled_sum(&text, "strata_origin_calls_total", &label);
+        }
+        for (n, reason) in reading.asked_for.iter_mut().zip(REASONS) {
+            let label = format!("reason=\"{reason}\"");
+            *n += labelled_sum(&text, "strata_origin_reasons_total", &label);
+        }
+        for (n, source) in reading.decided_by.iter_mut().zip(SOURCES) {
+            let label = format!("source=\"{source}\"");
+            *n += labelled_sum(&text, "strata_decisions_total", &label);
+        }
         reading.cpu_seconds += cpu_ticks(g.pid()) as f64 / ticks;
         reading.rss_kib.push(rss_kib(g.pid()));
     }
@@ -116,6 +147,10 @@ mod tests {
         assert_eq!(metric_sum(text, "strata_global_writes_total"), 3.0);
         assert_eq!(metric_sum(text, "strata_origin_calls_total"), 7.0);
         assert_eq!(metric_sum(text, "strata_global_syncs_total"), 0.0);
+        assert_eq!(
+            labelled_sum(text, "strata_origin_calls_total", "kind=\"read\""),
+            5.0
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::analysis::{Figures, Latency, Spread};
-use crate::probe::Reading;
+use crate::probe::{CALL_KINDS, REASONS, Reading, SOURCES};
 use crate::scenario::Scenario;
 
 /// What one run measured.
@@ -20,6 +20,12 @@ pub struct Report {
     pub seconds: f64,
     pub redis_commands_per_1000: f64,
     pub origin_calls_per_1000: f64,
+    /// Origin calls per 1,000 requests by kind ([`CALL_KINDS`]; the lab's own reads left out).
+    pub calls_per_1000_by_kind: [f64; CALL_KINDS.len()],
+    /// Decisions per 1,000 requests by the path that made them ([`SOURCES`]).
+    pub decided_per_1000_by: [f64; SOURCES.len()],
+    /// Requests sent to the origin per 1,000, by why ([`REASONS`]).
+    pub asked_per_1000_for: [f64; REASONS.len()],
     pub sql_statements_per_gateway_second: f64,
     pub sql_statements_per_1000: f64,
     /// Flushes and syncs that failed (the SQL fault).
@@ -73,6 +79,21 @@ impl Report {
                 (after.origin_calls - before.origin_calls - polled as f64).max(0.0),
                 requests,
             ),
+            calls_per_1000_by_kind: core::array::from_fn(|i| {
+                let own = if CALL_KINDS[i] == "read" {
+                    polled as f64
+                } else {
+                    0.0
+                };
+                let made = after.calls_by_kind[i] - before.calls_by_kind[i] - own;
+                per_1000(made.max(0.0), requests)
+            }),
+            decided_per_1000_by: core::array::from_fn(|i| {
+                per_1000(after.decided_by[i] - before.decided_by[i], requests)
+            }),
+            asked_per_1000_for: core::array::from_fn(|i| {
+                per_1000(after.asked_for[i] - before.asked_for[i], requests)
+            }),
             sql_statements_per_gateway_second: (after.sql_statements - before.sql_statements)
                 / gateways
                 / s.seconds,
@@ -128,6 +149,21 @@ impl Report {
                 "latency_us_by_region": f.latency_by_region.iter().map(latency).collect::<Vec<_>>(),
                 "redis_commands_per_1000": self.redis_commands_per_1000,
                 "origin_calls_per_1000": self.origin_calls_per_1000,
+                "origin_calls_per_1000_by_kind": CALL_KINDS
+                    .iter()
+                    .zip(self.calls_per_1000_by_kind)
+                    .map(|(k, n)| (k.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
+                "asked_origin_per_1000_for": REASONS
+                    .iter()
+                    .zip(self.asked_per_1000_for)
+                    .map(|(k, n)| (k.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
+                "decided_per_1000_by": SOURCES
+                    .iter()
+                    .zip(self.decided_per_1000_by)
+                    .map(|(k, n)| (k.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
                 "sql_statements_per_gateway_second": self.sql_statements_per_gateway_second,
                 "sql_statements_per_1000": self.sql_statements_per_1000,
                 "sql_errors": self.sql_errors,
@@ -173,6 +209,25 @@ impl Report {
             "sql/gw/s",
             "cpu s",
             "rss MB"
+        )
+    }
+
+    /// Per 1,000 requests, the paths that decided them and the origin calls by kind: the line
+    /// under a run's row.
+    pub fn paths(&self) -> String {
+        let list = |names: &[&str], values: &[f64]| {
+            names
+                .iter()
+                .zip(values)
+                .map(|(n, v)| format!("{n} {v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "  per 1,000 requests: decided by {}; origin calls {}; sent to the origin for {}",
+            list(&SOURCES, &self.decided_per_1000_by),
+            list(&CALL_KINDS, &self.calls_per_1000_by_kind),
+            list(&REASONS, &self.asked_per_1000_for)
         )
     }
 

@@ -306,9 +306,7 @@ impl<H: Host> Store for Homes<'_, H> {
         // A single limit its slot cannot hold asks for no lease: a lease in this VM's table
         // is this VM's alone, and the origin holds it back from the Envoy's other VMs, where
         // the client's next connections land (a limit of 5 denied its fifth request).
-        if let ([_], Some(_), Begin::Call(call) | Begin::Ahead(_, Some(call))) =
-            (limits, &self.state.slots, &mut begun)
-        {
+        if let ([_], Some(_), Begin::Call(call)) = (limits, &self.state.slots, &mut begun) {
             call.ask_no_lease();
         }
         Ok((begun, TABLE))

@@ -402,19 +402,19 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
     let m = &g.gateway.limiter.metrics;
     let at_origin = m.decisions(Source::Origin);
     // Cold: the first passed ahead with no call (the replay delivers it); the second, before
-    // that replay, passed ahead too, with the call that asks for the lease.
-    assert_eq!(m.decisions(Source::Ahead), 2, "cold: passed ahead");
+    // that replay, waited for the decision that lends the lease.
+    assert_eq!(m.decisions(Source::Ahead), 1, "cold: passed ahead");
     assert_eq!(m.origin_calls("read"), 0, "decisions never read");
-    assert_eq!(m.origin_calls("decide"), at_origin + 1);
+    assert_eq!(m.origin_calls("decide"), at_origin);
     assert_eq!(m.origin_reasons(Reason::Cold), 1);
     assert_eq!(
         m.origin_reasons(Reason::Lease),
-        at_origin,
+        at_origin - 1,
         "only when a lease ran out"
     );
     // A lease at least twice the last each time: at most log2(50) + 1 decisions.
-    assert!((0..=6).contains(&at_origin), "{at_origin}");
-    assert_eq!(m.decisions(Source::Local), requests - at_origin - 2);
+    assert!((1..=6).contains(&at_origin), "{at_origin}");
+    assert_eq!(m.decisions(Source::Local), requests - at_origin - 1);
     // Once the lease expired, the next request asks the origin again.
     g.clock.advance(fresh_for);
     assert!(g.limit(None, "far-from-limit", 1_000).await.0);
@@ -427,11 +427,14 @@ async fn a_warm_key_is_decided_locally_under_its_lease(g: TestGateway) {
 async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway) {
     let fresh_for = g.gateway.settings.fresh_for.as_millis() as u64;
     let m = &g.gateway.limiter.metrics;
-    // The first passes ahead; the second, before the replay, too, its call asking for the
-    // lease.
+    // The first passes ahead; the second, before the replay, waits for the lease.
     assert!(g.limit(None, "steady", 1_000_000).await.0);
     assert!(g.limit(None, "steady", 1_000_000).await.0);
-    assert_eq!(m.decisions(Source::Ahead), 2, "cold: passed ahead");
+    assert_eq!(
+        (m.decisions(Source::Ahead), m.decisions(Source::Origin)),
+        (1, 1),
+        "cold: passed ahead, then the lease"
+    );
     // Four lease lifetimes, a request and a replay pass every 100 ms.
     let steps = 4 * fresh_for / 100;
     for step in 0..steps {
@@ -441,7 +444,7 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     }
     assert_eq!(
         m.decisions(Source::Origin),
-        0,
+        1,
         "every request after the first two decided locally"
     );
     assert_eq!(m.origin_reasons(Reason::Stale), 0);
@@ -461,8 +464,8 @@ async fn a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(g: TestGateway
     assert!(g.limit(None, "steady", 1_000_000).await.0);
     // An idle key's lease ran out (or went back idle): the next request passes ahead (far
     // from the limit, every own pass acknowledged), and the replay delivers it.
-    assert_eq!(m.decisions(Source::Ahead), 3, "an idle key's lease ran out");
-    assert_eq!(m.decisions(Source::Origin), 0);
+    assert_eq!(m.decisions(Source::Ahead), 2, "an idle key's lease ran out");
+    assert_eq!(m.decisions(Source::Origin), 1);
     assert_eq!(m.origin_calls("decide"), calls, "no decision call");
     let replayed = m.origin_calls("replay");
     assert!(g.gateway.limiter.replay_once().await);
@@ -498,7 +501,8 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
     for _ in 0..25 {
         assert!(g.limit(None, "busy", 100).await.0);
     }
-    // Two requests each: the first passes ahead, the second too, its call bringing the lease.
+    // Two requests each: the first passes ahead, the second is decided at the origin, which
+    // lends the lease.
     for id in &quiet {
         for _ in 0..2 {
             assert!(g.limit(None, id, 1_000_000).await.0);
@@ -553,8 +557,9 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
 /// so without the yield a tick would hold the worker for all of them.
 async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
     use strata_gateway::limiter::REPLAY_STEP;
-    // The first two requests of a key pass ahead (the second's call carries both and brings
-    // the lease), the third passes locally under it: one cell of unreplayed cost per key.
+    // The first request of a key passes ahead, the second is decided at the origin (which
+    // lends the lease), the third passes locally under it: one cell of unreplayed cost per
+    // key.
     let keys = 3 * REPLAY_STEP + 10;
     for i in 0..keys {
         for _ in 0..3 {
@@ -665,8 +670,8 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     g.limit(None, "m", 1).await;
     g.limit(None, "m", 1).await;
     // Limit 1,000: the cold request passes ahead, with no call; the second, before the
-    // replay delivered the first, passes ahead too, its call asking for the lease; the third
-    // passes locally under it (or joins that call first). All three wait for the replay.
+    // replay delivered the first, is decided at the origin, which lends the lease; the third
+    // passes locally under it. Its own passes (the first and the third) wait for the replay.
     g.limit(None, "q", 1_000).await;
     g.limit(None, "q", 1_000).await;
     g.limit(None, "q", 1_000).await;
@@ -674,13 +679,13 @@ async fn health_readiness_and_metrics_answer(g: TestGateway) {
     assert_eq!(m.status, StatusCode::OK);
     assert!(
         m.text
-            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 1"),
+            .contains("strata_decisions_total{source=\"origin\",outcome=\"allowed\"} 2"),
         "{}",
         m.text
     );
     assert!(
         m.text
-            .contains("strata_decisions_total{source=\"ahead\",outcome=\"allowed\"} 2"),
+            .contains("strata_decisions_total{source=\"ahead\",outcome=\"allowed\"} 1"),
         "{}",
         m.text
     );

@@ -204,8 +204,7 @@ async fn redis_stopped_mid_run_falls_back_then_recovers_and_replays() {
         .unwrap();
     assert_eq!(counts, vec![own]);
     // And decisions are made at Redis again (this one passes ahead, the replay having
-    // answered the key; the next too, with the call that asks for the lease, whose answer the
-    // metrics count once it is in).
+    // answered the key; the next, before its replay, is decided there).
     g.clock.advance(6_000);
     let before = gw.limiter.metrics.origin_answers("decide");
     assert!(decide(gw, "k", 100).await);

@@ -10,8 +10,8 @@ pub const DEFAULT_LEASE_MS: u64 = 5_000;
 pub const DEFAULT_READ_RETRY_MS: u64 = 300;
 /// A request with no live answer (a cold cell, no live lease) passes ahead of the origin's
 /// answer only if its limit is at least this many times its cost (and half of it is left in
-/// the process's view): what it can admit over the limit (two requests per process and
-/// answer, at a key others spent meanwhile) stays under 1/32 of the limit per process.
+/// the process's view): what it can admit over the limit (one request per process and
+/// answer, at a key others spent meanwhile) stays under 1/64 of the limit per process.
 pub const AHEAD_LIMIT_PER_COST: u64 = 64;
 
 /// What a request whose decision needs the origin gets when the origin gives no answer (the

@@ -9,7 +9,7 @@
 //!                                    ├─ answer: call.answers(&response) → finish(…) → decision
 //!                                    └─ failure: fail(…) → decision per the failure mode
 //!                             └─ Begin::Fallback(decision)         the origin failed moments ago
-//!                             └─ Begin::Ahead(decision, call?)     no live answer, far from the limit:
+//!                             └─ Begin::Ahead(decision)            no live answer, far from the limit:
 //!                                                                  passed; the replay delivers it
 //! ```
 //!
@@ -84,12 +84,10 @@ pub enum Begin {
     /// on one of its cells failed within [`OriginPolicy::read_retry_ms`].
     Fallback(MultiDecision),
     /// Passed ahead of the origin's answer and applied (no limit has a live answer, each is
-    /// far from its limit, and the failure mode decides from memory): the pass is the
-    /// process's own count, which the next replay pass delivers, and the replay's answer (the
-    /// region's count) is the answer the next request on the key goes by. With a call when a
-    /// pass ahead on one of its keys is not acknowledged yet (a key in demand): make it, of
-    /// cost 0; it carries the passes and asks for the lease; nothing waits on it.
-    Ahead(MultiDecision, Option<OriginCall>),
+    /// far from its limit, and the failure mode decides from memory): no call; the pass is
+    /// the process's own count, which the next replay pass delivers, and the replay's answer
+    /// (the region's count) is the answer the next request on the key goes by.
+    Ahead(MultiDecision),
 }
 
 pub use crate::policy::FailureMode;
@@ -262,28 +260,23 @@ pub fn begin<S: States>(
     if denied || (!repeated && plans.iter().all(Option::is_none)) {
         return Begin::Decided(decide_locally(states, limits, now_ms));
     }
-    if !repeated && policy.failure_mode.from_memory() {
-        if let Some(calling) = ahead(states, limits, &plans, now_ms) {
-            let decided = decide_locally(states, limits, now_ms);
-            if !decided.success {
-                return Begin::Decided(decided); // the local view passed each: never
-            }
-            let call = calling.then(|| call(states, limits, plans, now_ms, true));
-            return Begin::Ahead(decided, call);
+    if !repeated && policy.failure_mode.from_memory() && ahead(states, limits, &plans, now_ms) {
+        let decided = decide_locally(states, limits, now_ms);
+        if !decided.success {
+            return Begin::Decided(decided); // the local view passed each: never
         }
+        return Begin::Ahead(decided);
     }
-    Begin::Call(call(states, limits, plans, now_ms, false))
+    Begin::Call(call(states, limits, plans, now_ms))
 }
 
 /// The one origin call of a request, all or nothing: limits the lease covers go too, asking
-/// the same lease; every limit gives back the lease it holds (see `OriginPlan::release`). A
-/// call for a pass `ahead` (already applied) costs 0 and carries the pass as the own count.
+/// the same lease; every limit gives back the lease it holds (see `OriginPlan::release`).
 fn call<S: States>(
     states: &mut S,
     limits: &[LimitRequest<'_>],
     mut plans: Vec<Option<OriginPlan>>,
     now_ms: u64,
-    ahead: bool,
 ) -> OriginCall {
     plans.resize(limits.len(), None);
     let limits = limits
@@ -294,15 +287,12 @@ fn call<S: States>(
             let mut plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
             plan.call = states.next_call(i);
             if let Some(s) = states.state(i) {
-                if ahead {
-                    plan.used = [s.current().own(), s.previous().own()];
-                }
                 s.begin_origin(&plan);
             }
             CallLimit {
                 key: l.key.to_owned_key(),
                 limit: l.limit,
-                cost: if ahead { 0 } else { l.cost },
+                cost: l.cost,
                 plan,
             }
         })
@@ -310,59 +300,48 @@ fn call<S: States>(
     OriginCall { limits }
 }
 
-/// Whether a request may pass ahead of the origin's answer, and if so whether with a call
-/// (`Some(true)`). Every limit needs the origin because it has no live answer (its cell is
-/// cold and this process knows no count of it but its own passes, or no lease lifetime runs:
-/// lapsed, given back idle, or never lent to a key answered by replays alone); its limit is
-/// at least [`AHEAD_LIMIT_PER_COST`] times its cost; its local view (the previous window's
-/// count included) leaves at least half the limit after it; and no more than one request's
-/// cost of its own passes is unacknowledged. With every own pass acknowledged (by a decision
-/// or a replay) it goes without a call: a key between sparse requests costs the origin one
-/// replayed cell a request and no decision. With one pass unacknowledged (a key in demand)
-/// its call carries both and asks for the lease, and the requests after it join that call.
-/// What that can admit over the limit is two requests per process and cell for each
-/// acknowledgement, at a key others spent past half its limit since this process last heard
+/// Whether a request may pass ahead of the origin's answer: every limit needs the origin
+/// because it has no live answer (its cell is cold and this process knows no count of it, or
+/// no lease lifetime runs: lapsed, given back idle, or never lent to a key answered by replays
+/// alone) and every own pass on it is acknowledged (by a decision or a replay); its limit is at
+/// least [`AHEAD_LIMIT_PER_COST`] times its cost; and its local view (the previous window's
+/// count included) leaves at least half the limit after it. It makes no call: a key between
+/// sparse requests costs the origin one replayed cell a request and no decision. A request
+/// before that pass is acknowledged (a key in demand) waits for a decision, which lends the
+/// lease. What that can admit over the limit is one request per process and cell for each
+/// answer, at a key others spent or reserved past half its limit since this process last heard
 /// its count.
 fn ahead<S: States>(
     states: &mut S,
     limits: &[LimitRequest<'_>],
     plans: &[Option<OriginPlan>],
     now_ms: u64,
-) -> Option<bool> {
-    if plans.len() != limits.len() {
-        return None;
-    }
-    let mut calling = false;
-    for (i, (l, plan)) in limits.iter().zip(plans).enumerate() {
-        let (Some(plan), Some(s)) = (plan, states.state(i)) else {
-            return None;
-        };
-        let c = s.current();
-        let unknown = match plan.reason {
-            // No count a sync or an answer brought either: an origin that lost its data
-            // raises its count to the region's published one with `max`, which would
-            // swallow a pass counted before it.
-            Reason::Cold => c.counts().total() == c.own(),
-            // No lease lifetime running: it lapsed, went back idle (which ends it), or was
-            // never lent (a key answered by replays alone). A lease used up within its
-            // lifetime waits, and so does an answer that lent nothing though asked (a lease of
-            // 0 for a lifetime: others' leases hold what the counts leave), and a key just
-            // denied.
-            Reason::Stale | Reason::Lease => !c.is_fresh(now_ms),
-            Reason::Strict => false,
-        };
-        let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
-        let unacked = c.unacked();
-        if !(unknown && far && unacked <= l.cost) {
-            return None;
-        }
-        let view = s.check(l.key.duration(), l.limit, l.cost);
-        if view.decide_in(s.sequence(), now_ms, 0).remaining < l.limit / 2 {
-            return None;
-        }
-        calling |= unacked > 0;
-    }
-    Some(calling)
+) -> bool {
+    plans.len() == limits.len()
+        && limits.iter().zip(plans).enumerate().all(|(i, (l, plan))| {
+            let (Some(plan), Some(s)) = (plan, states.state(i)) else {
+                return false;
+            };
+            let c = s.current();
+            let unknown = match plan.reason {
+                // No count a sync or an answer brought either: an origin that lost its data
+                // raises its count to the region's published one with `max`, which would
+                // swallow a pass counted before it.
+                Reason::Cold => c.own() == 0 && c.counts().total() == 0,
+                // No lease lifetime running: it lapsed, went back idle (which ends it), or
+                // was never lent (a key answered by replays alone). A lease used up within its
+                // lifetime waits, and so does an answer that lent nothing though asked (a
+                // lease of 0 for a lifetime: others' leases hold what the counts leave), and a
+                // key just denied.
+                Reason::Stale | Reason::Lease => !c.is_fresh(now_ms),
+                Reason::Strict => false,
+            };
+            let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
+            unknown && far && c.unacked() == 0 && {
+                let view = s.check(l.key.duration(), l.limit, l.cost);
+                view.decide_in(s.sequence(), now_ms, 0).remaining >= l.limit / 2
+            }
+        })
 }
 
 /// The plan of a limit its lease covers, sent along with the others of its request.

@@ -191,36 +191,29 @@ fn a_key_far_from_its_limit_passes_ahead_and_its_replay_answers_it() {
             matches!(second, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed),
             "{mode:?}"
         );
-        // One that comes before that pass is acknowledged passes ahead too, with a call that
-        // carries the passes and asks for the lease of a key in demand; the next joins that call.
-        let third = d.request(&mut store, 2, &user("a"), t + 1).unwrap();
-        assert!(
-            matches!(third, Started::Decided(x) if x.by == DecidedBy::Ahead && x.reply.allowed),
-            "{mode:?}"
-        );
-        let started = d.request(&mut store, 3, &user("a"), t + 1).unwrap();
-        assert_eq!(
-            started,
-            Started::Waiting,
-            "{mode:?}: two passes ahead an acknowledgement"
-        );
+        // One that comes before that pass is acknowledged waits for a decision, which carries
+        // the passes ahead and lends the key in demand a lease; the next joins that call.
+        for id in 2..4 {
+            let started = d.request(&mut store, id, &user("a"), t + 1).unwrap();
+            assert_eq!(started, Started::Waiting, "{mode:?}");
+        }
         let sent = transmits(&mut d);
         assert_eq!(sent.len(), 1, "{mode:?}");
         let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
-        // A key answered by a replay is no longer cold: the lease it asks for starts small
-        // and doubles as it runs out (at the gateway's answer a cold key asks for the limit).
+        // A key a replay answered is no longer cold: the lease it asks for starts small and
+        // doubles as it runs out (a cold key asks for the limit).
         let l = &call.limits[0];
-        assert_eq!((l.cost, l.used, l.want), (0, 3, 2), "{mode:?}");
+        assert_eq!((l.cost, l.used, l.want), (1, 2, 2), "{mode:?}");
         grant(&mut d, &mut store, &sent[0], 10, t + 2);
         let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
         let by: Vec<_> = decided.iter().map(|x| (x.reply.allowed, x.by)).collect();
         assert_eq!(
             by,
-            [(true, DecidedBy::Local)],
-            "{mode:?}: the lease covers it"
+            [(true, DecidedBy::Origin), (true, DecidedBy::Local)],
+            "{mode:?}"
         );
         let s = d.stats();
-        assert_eq!((s.decided_ahead, s.origin_calls), (3, 1), "{mode:?}");
+        assert_eq!((s.decided_ahead, s.origin_calls), (2, 1), "{mode:?}");
     }
     // `deny` admits nothing the gateway did not answer; a limit under the share waits too.
     for (mode, limit) in [
@@ -237,7 +230,7 @@ fn a_key_far_from_its_limit_passes_ahead_and_its_replay_answers_it() {
 }
 
 #[test]
-fn a_pass_ahead_whose_replay_fails_leaves_one_more_with_a_call_then_requests_wait() {
+fn a_pass_ahead_whose_replay_fails_holds_the_next_request_for_a_decision() {
     let (mut d, mut store) = driver(FailureMode::Local, 1_000);
     let first = d.request(&mut store, 0, &user("a"), T0).unwrap();
     assert!(matches!(first, Started::Decided(x) if x.by == DecidedBy::Ahead));
@@ -245,19 +238,15 @@ fn a_pass_ahead_whose_replay_fails_leaves_one_more_with_a_call_then_requests_wai
     let sent = transmits(&mut d);
     assert_eq!(sent.len(), 1);
     d.fail(&mut store, sent[0].call, "refused", T0 + INTERVAL);
-    // Unacknowledged: one more passes ahead, its call carrying both; then requests wait.
+    // Unacknowledged: no second pass ahead; the decision carries the first.
     let t = T0 + INTERVAL + 1;
-    let second = d.request(&mut store, 1, &user("a"), t).unwrap();
-    assert!(matches!(second, Started::Decided(x) if x.by == DecidedBy::Ahead));
+    let next = d.request(&mut store, 1, &user("a"), t).unwrap();
+    assert_eq!(next, Started::Waiting);
     let sent = transmits(&mut d);
     let call: DecideRequest = serde_json::from_str(&sent[0].body).unwrap();
-    assert_eq!((call.limits[0].cost, call.limits[0].used), (0, 2));
-    assert_eq!(
-        d.request(&mut store, 2, &user("a"), t).unwrap(),
-        Started::Waiting
-    );
-    // Its call fails too: the waiter is decided by the failure mode, the passes stay
-    // counted for the replay.
+    assert_eq!((call.limits[0].cost, call.limits[0].used), (1, 1));
+    // Its call fails too: decided by the failure mode, the pass ahead still counted for the
+    // replay.
     d.fail(&mut store, sent[0].call, "refused", t + 1);
     let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision()).collect();
     assert_eq!(decided.len(), 1);
@@ -265,8 +254,9 @@ fn a_pass_ahead_whose_replay_fails_leaves_one_more_with_a_call_then_requests_wai
     assert_eq!(store.table.unreplayed_cells(), 1);
 }
 
-/// Lends `name` a lease: two passes ahead, the second's call answered with `lease` for
-/// `lease_ms` over `others` passes of other processes; then the replay that acknowledges them.
+/// Lends `name` a lease: a pass ahead, then a request before its replay that waits for the
+/// decision, answered with `lease` for `lease_ms` over `others` passes of other processes;
+/// then the replay that acknowledges the pass ahead.
 fn lend(
     d: &mut Driver,
     store: &mut TableStore,
@@ -276,25 +266,27 @@ fn lend(
     others: u64,
     now: u64,
 ) {
-    for id in 0..2 {
-        let ahead = d.request(store, id, &user(name), now).unwrap();
-        assert!(matches!(ahead, Started::Decided(x) if x.by == DecidedBy::Ahead));
-    }
+    let first = d.request(store, 0, &user(name), now).unwrap();
+    assert!(matches!(first, Started::Decided(x) if x.by == DecidedBy::Ahead));
+    assert_eq!(
+        d.request(store, 1, &user(name), now).unwrap(),
+        Started::Waiting
+    );
     let t = transmits(d);
     assert_eq!(t.len(), 1, "the second's call");
     let body = granted_over(&t[0], lease, lease_ms, others, now);
     d.answer(store, t[0].call, 200, body.as_bytes(), now + 1);
-    assert!(d.poll_decision().is_none(), "nobody waited on it");
+    assert!(d.poll_decision().is_some_and(|x| x.reply.allowed));
     assert_eq!(replay_pass(d, store, now + INTERVAL).len(), 1);
 }
 
 #[test]
 fn a_lapsed_lease_far_from_the_limit_passes_ahead_near_it_waits() {
     let (mut d, mut store) = driver(FailureMode::Local, AHEAD_LIMIT_PER_COST);
-    // Key "far" holds 2 of 64 when its lease is lent, "near" 39 (others' passes).
+    // Key "far" holds 2 of 64 when its lease is lent, "near" 41 (others' passes).
     lend(&mut d, &mut store, "far", 5, 1_000, 0, T0);
     lend(&mut d, &mut store, "near", 5, 1_000, 39, T0);
-    // The leases lapse (1 s): "far" passes ahead, with no call; "near" (24 of 64 left after
+    // The leases lapse (1 s): "far" passes ahead, with no call; "near" (22 of 64 left after
     // it, under half) waits for the gateway.
     let later = T0 + 2_000;
     let far = d.request(&mut store, 2, &user("far"), later).unwrap();
@@ -302,14 +294,9 @@ fn a_lapsed_lease_far_from_the_limit_passes_ahead_near_it_waits() {
     assert!(transmits(&mut d).is_empty());
     let near = d.request(&mut store, 3, &user("near"), later).unwrap();
     assert_eq!(near, Started::Waiting);
-    // Two passes ahead an acknowledgement: the next on "far" asks for the lease, the one
-    // after it waits for that call.
+    // One pass ahead an acknowledgement: the next on "far" waits for a decision.
     let again = d.request(&mut store, 4, &user("far"), later + 1).unwrap();
-    assert!(matches!(again, Started::Decided(x) if x.by == DecidedBy::Ahead));
-    let calls = transmits(&mut d);
-    assert_eq!(calls.len(), 2, "near's decision, far's call");
-    let waits = d.request(&mut store, 5, &user("far"), later + 1).unwrap();
-    assert_eq!(waits, Started::Waiting);
+    assert_eq!(again, Started::Waiting);
 }
 
 #[test]
@@ -381,8 +368,8 @@ fn a_lease_given_back_idle_passes_ahead_of_the_next_call() {
     let events = replay_pass(&mut d, &mut store, t + INTERVAL);
     assert_eq!(
         events.iter().map(|e| e.used).collect::<Vec<_>>(),
-        [3],
-        "the three passes ahead"
+        [2],
+        "the two passes ahead"
     );
 }
 

@@ -354,8 +354,8 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
 
 /// The conformance table's rows with the gateway up (the same as the gateway's and workerd's):
 /// eight requests at once on a cold key far from its limit make one decision call (one worker
-/// thread: a VM coalesces its own requests; each VM makes its own call): the first two pass
-/// ahead, the second's call asking for the lease, and the six after them wait for it (the
+/// thread: a VM coalesces its own requests; each VM makes its own call): the first passes
+/// ahead, the second's call asks for the lease, and the six after it wait for that call (the
 /// gateway behind a proxy that holds its answers 200 ms, so they all arrive while it is out:
 /// on a loaded machine they could otherwise come after its answer and pass from the lease); what Envoy admitted from memory while the gateway's Redis was down
 /// reaches Redis once it is back, with no request to carry it (the tick sends it again).

@@ -180,7 +180,6 @@ impl Limiter {
                 let mut flow = self.flows.lock(shard);
                 let tables = &mut self.tables();
                 match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
-                    // Decided at once (passed ahead, maybe with a call asking for the lease).
                     Some(decided) => (Ok(decided), flow.drain()),
                     None => {
                         // Registered under the flow's lock: its wake-up cannot be missed.
@@ -190,8 +189,8 @@ impl Limiter {
                     }
                 }
             };
-            // The call it waits on, or a pass ahead's (nothing awaits between here and the
-            // waiter's guard, so a dropped request cannot slip between them).
+            // The call it waits on (nothing awaits between here and the waiter's guard, so a
+            // dropped request cannot slip between them).
             for d in dispatches {
                 self.dispatch(shard, d);
             }

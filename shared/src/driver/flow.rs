@@ -86,7 +86,7 @@ pub enum DecidedBy {
     Fallback,
     /// Local memory, ahead of the gateway's answer: a key with no live answer, far from its
     /// limit (see [`crate::policy::AHEAD_LIMIT_PER_COST`]), whose pass the next replay
-    /// delivers (a key in demand: with a call meanwhile that asks for its lease).
+    /// delivers.
     Ahead,
 }
 
@@ -333,12 +333,7 @@ impl Flow {
                 self.want_replay(store, home, now_ms);
                 return Some((d, DecidedBy::Fallback));
             }
-            Begin::Ahead(d, call) => {
-                if let Some(call) = call {
-                    // Nothing waits on it: bounded by the flow's timeout, not the group's time.
-                    let bound = now_ms.saturating_add(self.config.timeout_ms);
-                    self.send_decide(call, home, bound, Vec::new(), now_ms);
-                }
+            Begin::Ahead(d) => {
                 self.want_replay(store, home, now_ms);
                 return Some((d, DecidedBy::Ahead));
             }
@@ -463,11 +458,6 @@ impl Flow {
     /// A group that waited, decided or to begin again.
     pub fn poll_done(&mut self) -> Option<GroupDone> {
         self.done.pop_front()
-    }
-
-    /// Whether a call waits to be polled.
-    pub fn has_dispatch(&self) -> bool {
-        !self.dispatches.is_empty()
     }
 
     /// A call to make.

@@ -339,9 +339,6 @@ impl Driver {
             }
         }
         if request.is_done() {
-            if self.flow.has_dispatch() {
-                self.collect(store, now_ms); // the call of a pass ahead
-            }
             return Ok(Started::Decided(self.settle(id, request, now_ms)));
         }
         self.requests.insert(id, request);

@@ -90,6 +90,13 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Adds to `sums[i]` the values of metric `name` whose label `label` is `values[i]`.
+fn add_by_label(text: &str, name: &str, label: &str, values: &[&str], sums: &mut [f64]) {
+    for (sum, value) in sums.iter_mut().zip(values) {
+        *sum += labelled_sum(text, name, &format!("{label}=\"{value}\""));
+    }
+}
+
 /// Reads every counter now.
 pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
     let ticks = clock_ticks();
@@ -119,18 +126,18 @@ pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
         .map(|name| metric_sum(&text, name))
         .sum::<f64>();
         reading.origin_calls += metric_sum(&text, "strata_origin_calls_total");
-        for (n, kind) in reading.calls_by_kind.iter_mut().zip(CALL_KINDS) {
-            let label = format!("op=\"{kind}\"");
-            *n += labelled_sum(&text, "strata_origin_calls_total", &label);
-        }
-        for (n, reason) in reading.asked_for.iter_mut().zip(REASONS) {
-            let label = format!("reason=\"{reason}\"");
-            *n += labelled_sum(&text, "strata_origin_reasons_total", &label);
-        }
-        for (n, source) in reading.decided_by.iter_mut().zip(SOURCES) {
-            let label = format!("source=\"{source}\"");
-            *n += labelled_sum(&text, "strata_decisions_total", &label);
-        }
+        let calls = "strata_origin_calls_total";
+        add_by_label(&text, calls, "op", &CALL_KINDS, &mut reading.calls_by_kind);
+        let reasons = "strata_origin_reasons_total";
+        add_by_label(&text, reasons, "reason", &REASONS, &mut reading.asked_for);
+        let decisions = "strata_decisions_total";
+        add_by_label(
+            &text,
+            decisions,
+            "source",
+            &SOURCES,
+            &mut reading.decided_by,
+        );
         reading.cpu_seconds += cpu_ticks(g.pid()) as f64 / ticks;
         reading.rss_kib.push(rss_kib(g.pid()));
     }

@@ -36,6 +36,12 @@ pub struct Report {
     pub bytes_per_window: f64,
 }
 
+/// `values` under `names`, as a JSON object.
+fn named(names: &[&str], values: &[f64]) -> Value {
+    let pairs = names.iter().zip(values);
+    Value::Object(pairs.map(|(k, n)| ((*k).to_string(), json!(n))).collect())
+}
+
 fn per_1000(n: f64, requests: u64) -> f64 {
     if requests == 0 {
         0.0
@@ -149,21 +155,9 @@ impl Report {
                 "latency_us_by_region": f.latency_by_region.iter().map(latency).collect::<Vec<_>>(),
                 "redis_commands_per_1000": self.redis_commands_per_1000,
                 "origin_calls_per_1000": self.origin_calls_per_1000,
-                "origin_calls_per_1000_by_kind": CALL_KINDS
-                    .iter()
-                    .zip(self.calls_per_1000_by_kind)
-                    .map(|(k, n)| (k.to_string(), json!(n)))
-                    .collect::<serde_json::Map<_, _>>(),
-                "asked_origin_per_1000_for": REASONS
-                    .iter()
-                    .zip(self.asked_per_1000_for)
-                    .map(|(k, n)| (k.to_string(), json!(n)))
-                    .collect::<serde_json::Map<_, _>>(),
-                "decided_per_1000_by": SOURCES
-                    .iter()
-                    .zip(self.decided_per_1000_by)
-                    .map(|(k, n)| (k.to_string(), json!(n)))
-                    .collect::<serde_json::Map<_, _>>(),
+                "origin_calls_per_1000_by_kind": named(&CALL_KINDS, &self.calls_per_1000_by_kind),
+                "asked_origin_per_1000_for": named(&REASONS, &self.asked_per_1000_for),
+                "decided_per_1000_by": named(&SOURCES, &self.decided_per_1000_by),
                 "sql_statements_per_gateway_second": self.sql_statements_per_gateway_second,
                 "sql_statements_per_1000": self.sql_statements_per_1000,
                 "sql_errors": self.sql_errors,

@@ -297,6 +297,16 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     let runtime = "gateway, Redis up";
     let burst = send(common::conformance::BURST_LIMIT);
     common::conformance::one_call(runtime, &format!("burst-{tag}"), burst, calls).await;
+    let far = format!("far-{tag}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let today = u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000;
+    let count = || async {
+        let read =
+            common::process::read_count(&http, &base, "conformance", &far, 86_400_000, today);
+        read.await.unwrap_or(0)
+    };
+    let once = send(common::conformance::BURST_LIMIT);
+    common::conformance::replayed_not_decided(runtime, &far, once, calls, count).await;
 
     redis.stop();
     let key = format!("outage-{tag}");

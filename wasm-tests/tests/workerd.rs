@@ -367,6 +367,7 @@ async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
         async move { admitted(&http, &base, &key).await }
     };
     common::conformance::one_call("workerd", &key, send, || s.decide_calls()).await;
+    s.pass_ahead_row("workerd", &edge.base).await;
 
     let rules = per_key_rules(common::conformance::LIMIT);
     let mut vars = edge_vars(&s, &rules);

@@ -6,7 +6,9 @@
 //! gets `REQUESTS` requests one after another, and another key `REQUESTS` at once. Two more
 //! rows with the origin up: `REQUESTS` requests at once on a cold key make one decision call
 //! ([`one_call`]), and what a process admitted while the origin was down reaches it once it
-//! is back, with no request to carry it ([`replayed_after_outage`]). With the origin down, a
+//! is back, with no request to carry it ([`replayed_after_outage`]), and a cold key far from
+//! its limit passes with no decision call, the replay bringing it ([`replayed_not_decided`]).
+//! With the origin down, a
 //! cold key far from its limit ([`BURST_LIMIT`]) is answered ahead of the origin where the
 //! mode decides from memory ([`AHEAD`]). One with the origin late:
 //! a request that waited on another's call and then needs one of its own still answers by its
@@ -238,6 +240,45 @@ where
         answers.push(t.await.unwrap());
     }
     answers
+}
+
+/// The pass-ahead row, with the origin up: one request on a cold key of limit [`BURST_LIMIT`]
+/// (`send(key)`) is admitted with no decision call (`calls()` unchanged), and its pass
+/// reaches the origin by the replay (`count()`, the origin's count of its cell, becomes 1).
+pub async fn replayed_not_decided<S, SFut, C, CFut, R, RFut>(
+    runtime: &str,
+    key: &str,
+    send: S,
+    calls: C,
+    count: R,
+) where
+    S: FnOnce(String) -> SFut,
+    SFut: Future<Output = Result<bool, String>>,
+    C: Fn() -> CFut,
+    CFut: Future<Output = u64>,
+    R: Fn() -> RFut,
+    RFut: Future<Output = u64>,
+{
+    let before = calls().await;
+    let admitted = send(key.to_string()).await;
+    assert_eq!(
+        admitted,
+        Ok(true),
+        "{runtime}: a cold key far from its limit"
+    );
+    let started = Instant::now();
+    while count().await != 1 {
+        assert!(
+            started.elapsed() < REPLAY_BOUND,
+            "{runtime}: the pass ahead never reached the origin"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        calls().await - before,
+        0,
+        "{runtime}: a pass ahead makes no decision call (the replay carried it)"
+    );
 }
 
 /// The replay row: `admitted` requests were decided from memory while the origin was down;

@@ -83,6 +83,23 @@ impl Stack {
         super::process::decide_calls(&self.http, self.gateway()).await
     }
 
+    /// The conformance table's pass-ahead row (`conformance::replayed_not_decided`) through the
+    /// shell at `base` (rules `per_key_rules(conformance::BURST_LIMIT)`, the gateway up): a
+    /// cold key's request is admitted with no decision call, and the replay brings it to Redis.
+    pub async fn pass_ahead_row(&self, runtime: &str, base: &str) {
+        let key = format!("far-{}-{}", std::process::id(), now_ms());
+        let (at, identifier) = (now_ms(), format!("key={key}"));
+        let (http, url) = (self.http.clone(), base.to_string());
+        let send = move |key: String| async move { admitted(&http, &url, &key).await };
+        let count = || async {
+            self.read_cell("e2e", &identifier, DAY_MS, at)
+                .await
+                .unwrap_or(0)
+        };
+        let calls = || self.decide_calls();
+        super::conformance::replayed_not_decided(runtime, &key, send, calls, count).await;
+    }
+
     /// The conformance table's replay row (`conformance::replayed_after_outage`) through the
     /// edge at `base` (rules `per_key_rules(conformance::LIMIT)`, failure mode `local`):
     /// Redis stopped, `REQUESTS` requests on a cold key decided from memory, Redis back, and

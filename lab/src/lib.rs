@@ -1,5 +1,5 @@
 //! The accuracy lab: starts regions of real `strata-gateway` processes on loopback (a private
-//! Redis per region, one global SQL store), offers a scenario's traffic through the gateway API,
+//! Redis per region, one global SQL store, optionally across a simulated WAN), offers a scenario's traffic through the gateway API,
 //! injects its faults, and measures how close the regions together stay to the limit, how fast
 //! they learn of each other, and what that costs the stores and the gateways.
 
@@ -11,6 +11,7 @@ pub mod report;
 pub mod scenario;
 pub mod sql;
 pub mod stack;
+pub mod wan;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -142,7 +143,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         seen.len()
     };
     let figures = analysis::figures(&s, start_ms, &mut samples, &polls, options.floor);
-    let report = report::Report::new(
+    let mut report = report::Report::new(
         &s,
         &options.stack.gateway_args,
         figures,
@@ -151,6 +152,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         windows_held,
         recorder.polled.load(std::sync::atomic::Ordering::Relaxed),
     );
+    report.wan = options.stack.wan.map(|l| l.describe());
     report.write(&options.out, &s)?;
     Ok(report)
 }

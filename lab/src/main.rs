@@ -4,11 +4,13 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 
 use strata_lab::scenario::{self, QUICK};
 use strata_lab::stack::StackOptions;
+use strata_lab::wan::Link;
 use strata_lab::{Options, report::Report};
 
 /// The Strata accuracy lab: regions of real gateway processes on loopback, driven and measured.
@@ -35,6 +37,15 @@ struct Cli {
     /// creates a database per run and drops it) instead of an SQLite file.
     #[arg(long)]
     mysql: Option<String>,
+    /// Puts the global store across a simulated WAN from every region: each region's gateways
+    /// reach it through a proxy that holds each chunk this long each way (`50ms`; needs
+    /// `--mysql`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wan: Option<Duration>,
+    /// The WAN's jitter: each chunk's delay is `--wan` plus or minus up to this [default: a
+    /// tenth of `--wan`].
+    #[arg(long, value_parser = humantime::parse_duration, requires = "wan")]
+    wan_jitter: Option<Duration>,
     /// The publish floor the gateways run with, where the propagation delay is measured from.
     #[arg(long, default_value_t = 0.2)]
     floor: f64,
@@ -96,6 +107,10 @@ async fn main() -> ExitCode {
             gateway,
             gateway_args: cli.gateway_args,
             mysql: cli.mysql,
+            wan: cli.wan.map(|delay| Link {
+                delay,
+                jitter: cli.wan_jitter.unwrap_or(delay / 10),
+            }),
         },
         out: cli.out,
         floor: cli.floor,

@@ -13,6 +13,10 @@ pub struct Reading {
     pub sql_statements: f64,
     /// Of those, the ones that failed.
     pub sql_errors: f64,
+    /// Syncs that succeeded, and the seconds they took (every statement of each: its round
+    /// trips to the store).
+    pub syncs: f64,
+    pub sync_seconds: f64,
     /// Origin calls (decisions, reads, replay batches) every gateway made.
     pub origin_calls: f64,
     /// Origin calls by kind, as [`CALL_KINDS`] names them.
@@ -125,6 +129,8 @@ pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
         .iter()
         .map(|name| metric_sum(&text, name))
         .sum::<f64>();
+        reading.syncs += metric_sum(&text, "strata_global_syncs_total");
+        reading.sync_seconds += metric_sum(&text, "strata_global_sync_seconds_total");
         reading.origin_calls += metric_sum(&text, "strata_origin_calls_total");
         let calls = "strata_origin_calls_total";
         add_by_label(&text, calls, "op", &CALL_KINDS, &mut reading.calls_by_kind);

@@ -30,6 +30,10 @@ pub struct Report {
     pub sql_statements_per_1000: f64,
     /// Flushes and syncs that failed (the SQL fault).
     pub sql_errors: f64,
+    /// A successful sync's mean duration, ms (its round trips to the store).
+    pub sync_ms_mean: f64,
+    /// The simulated WAN between each region and the store, when the run had one.
+    pub wan: Option<String>,
     pub gateway_cpu_seconds: f64,
     pub gateway_rss_mib_max: f64,
     /// Resident memory the gateways grew by, per window key they held.
@@ -108,6 +112,15 @@ impl Report {
                 requests,
             ),
             sql_errors: after.sql_errors - before.sql_errors,
+            sync_ms_mean: {
+                let syncs = after.syncs - before.syncs;
+                if syncs > 0.0 {
+                    (after.sync_seconds - before.sync_seconds) * 1e3 / syncs
+                } else {
+                    0.0
+                }
+            },
+            wan: None,
             gateway_cpu_seconds: after.cpu_seconds - before.cpu_seconds,
             gateway_rss_mib_max: after.rss_kib.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
             bytes_per_window: if windows_held == 0 {
@@ -137,6 +150,7 @@ impl Report {
             "scenario": self.scenario,
             "parameters": self.parameters,
             "gateway_args": self.gateway_args,
+            "wan": self.wan,
             "seconds": self.seconds,
             "limit_rate": self.limit_rate,
             "figures": {
@@ -161,6 +175,7 @@ impl Report {
                 "sql_statements_per_gateway_second": self.sql_statements_per_gateway_second,
                 "sql_statements_per_1000": self.sql_statements_per_1000,
                 "sql_errors": self.sql_errors,
+                "sync_ms_mean": self.sync_ms_mean,
                 "gateway_cpu_seconds": self.gateway_cpu_seconds,
                 "gateway_rss_mib_max": self.gateway_rss_mib_max,
                 "bytes_per_window": self.bytes_per_window,
@@ -218,10 +233,14 @@ impl Report {
                 .join(", ")
         };
         format!(
-            "  per 1,000 requests: decided by {}; origin calls {}; sent to the origin for {}",
+            "  per 1,000 requests: decided by {}; origin calls {}; sent to the origin for {}\n  a sync {:.1} ms on average{}",
             list(&SOURCES, &self.decided_per_1000_by),
             list(&CALL_KINDS, &self.calls_per_1000_by_kind),
-            list(&REASONS, &self.asked_per_1000_for)
+            list(&REASONS, &self.asked_per_1000_for),
+            self.sync_ms_mean,
+            self.wan.as_ref().map_or(String::new(), |w| format!(
+                ", the store {w} from each region"
+            ))
         )
     }
 

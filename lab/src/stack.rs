@@ -1,7 +1,7 @@
 //! What a scenario runs on, all real processes on loopback: per region a private `redis-server`
 //! and its gateways (`strata-gateway` binaries), and one global SQL store they share (an SQLite
-//! file, or a database of its own on a MariaDB/MySQL server). Everything started is stopped on
-//! drop.
+//! file, or a database of its own on a MariaDB/MySQL server, optionally across a simulated WAN:
+//! `wan`). Everything started is stopped on drop.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Result;
+use crate::wan::{DelayProxy, Link};
 
 /// A loopback port nothing listens on, never handed out before by this run: the kernel may
 /// offer a port again as soon as the probe closes it, before the server it was meant for
@@ -190,12 +191,25 @@ impl Drop for Gateway {
     }
 }
 
-/// One region: its Redis and its gateways.
+/// One region: its Redis, its gateways, and its link to the global store.
 #[derive(Debug)]
 pub struct Region {
     pub name: String,
     pub redis: Redis,
     pub gateways: Vec<Gateway>,
+    /// The region's way to the global store across the simulated WAN (`--wan`); none on
+    /// loopback.
+    pub link: Option<DelayProxy>,
+}
+
+impl Region {
+    /// The global store's URL as this region's gateways reach it.
+    fn database_url(&self, sql: &Sql) -> String {
+        match &self.link {
+            Some(proxy) => crate::wan::through(&sql.url(), proxy.port),
+            None => sql.url(),
+        }
+    }
 }
 
 /// The global store the regions share.
@@ -233,6 +247,8 @@ pub struct StackOptions {
     pub gateway_args: Vec<String>,
     /// `mysql://user@host:port` for the global store; SQLite when absent.
     pub mysql: Option<String>,
+    /// The simulated WAN between each region and the global store; loopback when absent.
+    pub wan: Option<Link>,
 }
 
 impl Stack {
@@ -266,13 +282,30 @@ impl Stack {
             sql,
             dir,
         };
+        let server = match (&options.wan, &options.mysql) {
+            (Some(_), Some(server)) => Some(crate::wan::server_address(server).await?),
+            (Some(_), None) => {
+                return Err(
+                    "--wan needs --mysql: the global store must be a server to be across a link"
+                        .into(),
+                );
+            }
+            (None, _) => None,
+        };
         for r in 0..regions {
             let name = format!("r{r}");
             let redis = Redis::start(&stack.dir)?;
+            let link = match (options.wan, server) {
+                (Some(link), Some(server)) => {
+                    Some(DelayProxy::start(server, link, r as u64 + 1).await?)
+                }
+                _ => None,
+            };
             stack.regions.push(Region {
                 name,
                 redis,
                 gateways: Vec::new(),
+                link,
             });
             for g in 0..gateways {
                 let gateway = stack.spawn_gateway(options, r, g)?;
@@ -303,7 +336,7 @@ impl Stack {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--region", &region.name])
             .args(["--redis-url", &region.redis.url()])
-            .args(["--database-url", &self.sql.url()])
+            .args(["--database-url", &region.database_url(&self.sql)])
             .arg("--data-dir")
             .arg(self.dir.join(format!("{}-g{g}", region.name)))
             .args(&options.gateway_args)

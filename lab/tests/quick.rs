@@ -5,8 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
+
+use common::number;
 
 // The bounds: the targets where the run meets them with room (measured on this
 // 2-core machine: docs/LAB.md), otherwise what was measured plus a margin.
@@ -22,9 +25,7 @@ const SPLIT_WORST: f64 = 1.25;
 const SPLIT_P95_MS: f64 = 2_500.0;
 
 fn figures(out: &Path, scenario: &str) -> serde_json::Value {
-    let path = out.join(format!("{scenario}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let report = common::report(out, scenario);
     let svg = std::fs::read_to_string(out.join(format!("{scenario}.svg"))).unwrap();
     assert!(
         svg.starts_with("<svg") && svg.contains("<polyline"),
@@ -34,30 +35,10 @@ fn figures(out: &Path, scenario: &str) -> serde_json::Value {
     report["figures"].clone()
 }
 
-fn number(f: &serde_json::Value, name: &str) -> f64 {
-    f[name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{name} missing in {f}"))
-}
-
 #[test]
 fn the_quick_lab_run_stays_within_its_bounds() {
-    let lab = PathBuf::from(env!("CARGO_BIN_EXE_strata-lab"));
-    let gateway = lab.with_file_name("strata-gateway");
-    assert!(
-        gateway.exists(),
-        "{} is missing: cargo test --workspace builds it",
-        gateway.display()
-    );
     let out = std::env::temp_dir().join(format!("strata-lab-quick-{}", std::process::id()));
-    let status = Command::new(&lab)
-        .arg("quick")
-        .arg("--gateway")
-        .arg(&gateway)
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .unwrap();
+    let status = common::run(&["quick"], &out);
     assert!(status.success(), "strata-lab quick failed: {status}");
 
     // One region, five gateways, 20x the limit within a second.

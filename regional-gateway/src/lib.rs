@@ -204,7 +204,8 @@ pub async fn run(
     });
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
-    let global = tokio::spawn(global_loops(gateway.clone(), stopped));
+    let publish = tokio::spawn(publish_loop(gateway.clone(), stopped.clone()));
+    let sync = tokio::spawn(sync_loop(gateway.clone(), stopped));
     let rls = match (listeners.rls, &gateway.settings.rls) {
         (Some(listener), Some(settings)) => {
             let service = RlsService::server(gateway.clone(), settings.config.clone());
@@ -232,7 +233,8 @@ pub async fn run(
     if replay.await.is_err() {
         tracing::error!("replay loop ended abnormally");
     }
-    let _ = global.await;
+    let _ = publish.await;
+    let _ = sync.await;
     if let Err(e) = gateway
         .limiter
         .global
@@ -339,15 +341,15 @@ const EARLY_FLUSH_SPACING: Duration = Duration::from_millis(500);
 /// statements); a region unseen for three times as long no longer shares the floor.
 const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Flush, sync and cleanup of the global table, each on its own cadence, and a flush soon after
-/// a cell becomes worth publishing (other regions should not wait a tick to learn of it);
+/// Flush, announce and cleanup of the global table, each on its own cadence, and a flush soon
+/// after a cell becomes worth publishing (other regions should not wait a tick to learn of it);
 /// errors are logged, counted and retried on the next tick. (`run` flushes a last time after
-/// the replay drain.)
-async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+/// the replay drain.) The sync runs beside it ([`sync_loop`]): across regions each statement is
+/// a round trip, and a sync waiting behind a flush would delay what the region learns.
+async fn publish_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
     let s = &gateway.settings;
     let start = tokio::time::Instant::now();
     let mut flush = Cadence::new(start, s.flush_interval, s.sync_jitter);
-    let mut sync = Cadence::new(start, s.sync_interval, s.sync_jitter);
     let mut clean = Cadence::new(start, s.cleanup_interval, 0.0);
     let mut announce = Cadence::new(start, ANNOUNCE_INTERVAL, s.sync_jitter);
     announce.due = start;
@@ -379,12 +381,6 @@ async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
                 }
                 last_flush = tokio::time::Instant::now();
             }
-            _ = tokio::time::sleep_until(sync.due) => {
-                if let Err(e) = global.sync_once(&limiter.local, limiter.clock.now_ms()).await {
-                    tracing::warn!(error = %e, "global sync failed; retrying next tick");
-                }
-                sync.advance();
-            }
             _ = tokio::time::sleep_until(announce.due), if migrated => {
                 let live_ms = 3 * u64::try_from(ANNOUNCE_INTERVAL.as_millis()).unwrap_or(u64::MAX);
                 match global.announce(limiter.clock.now_ms(), live_ms).await {
@@ -403,6 +399,28 @@ async fn global_loops(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
             }
             _ = stopped.changed() => break,
         }
+    }
+}
+
+/// Imports the other regions' counts on the sync cadence; errors are logged, counted and
+/// retried on the next tick.
+async fn sync_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
+    let s = &gateway.settings;
+    let mut sync = Cadence::new(tokio::time::Instant::now(), s.sync_interval, s.sync_jitter);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(sync.due) => {}
+            _ = stopped.changed() => break,
+        }
+        let limiter = &gateway.limiter;
+        if let Err(e) = limiter
+            .global
+            .sync_once(&limiter.local, limiter.clock.now_ms())
+            .await
+        {
+            tracing::warn!(error = %e, "global sync failed; retrying next tick");
+        }
+        sync.advance();
     }
 }
 

@@ -363,6 +363,26 @@ async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_oth
         .unwrap()
         .expires_at(row("busy", 0).sequence);
     assert!(store.sync_changed(&ap, later, t0).await.unwrap().is_empty());
+    // One statement brings the database's clock with the rows (what the next sync reads
+    // changes against): at or after the last write, at or before a clock read after it; no
+    // clock when no row came back.
+    let t2 = clock_past(store, store.clock_ms().await.unwrap()).await;
+    store.flush(&us, &[row("busy", 31)]).await.unwrap();
+    let (rows, db_now) = store.sync_cells(&ap, NOW, Some(t2 - 1)).await.unwrap();
+    let after = store.clock_ms().await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        db_now.is_some_and(|t| t >= t2 && t <= after),
+        "{db_now:?} in {t2}..={after}"
+    );
+    let (none, no_clock) = store
+        .sync_cells(&ap, NOW, Some(after + 60_000))
+        .await
+        .unwrap();
+    assert!(
+        none.is_empty() && no_clock.is_none(),
+        "{none:?} {no_clock:?}"
+    );
 }
 
 fn stack_now() -> u64 {

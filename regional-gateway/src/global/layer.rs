@@ -19,10 +19,10 @@ use crate::steps::in_steps;
 /// Slots of the region view one flush step looks through (a few hundred microseconds).
 pub const FLUSH_SCAN_STEP: usize = 16_384;
 
-/// How far before the last read's start a sync of changes looks again (database clock): a
-/// flush stamps its rows when its statement starts and they show when it commits, so a flush
-/// still waiting on a lock when the last read began is read by the next. Re-reading a row is
-/// harmless (components merge by maximum); a flush held longer is read by the next full sync.
+/// How far before the database's clock at the last read a sync of changes looks again: a flush
+/// stamps its rows when its statement starts and they show when it commits, so a flush still
+/// waiting on a lock when the last read ran is read by the next. Re-reading a row is harmless
+/// (components merge by maximum); a flush held longer is read by the next full sync.
 pub const SYNC_OVERLAP_MS: u64 = 2_000;
 
 /// Which rows a sync reads.
@@ -35,14 +35,18 @@ pub enum SyncRead {
 }
 
 /// When a sync reads every row and when only what changed: every row on the first sync and
-/// then every `full_every_ms`, a backstop for what a sync of changes cannot see (a flush
-/// delayed past [`SYNC_OVERLAP_MS`], a key the view evicted while no region wrote it);
-/// otherwise the cells changed since the last read began, less the overlap. Times are the
-/// database's clock.
+/// then every `full_every_ms` (the gateway's clock), a backstop for what a sync of changes
+/// cannot see (a flush delayed past [`SYNC_OVERLAP_MS`], a key the view evicted while no region
+/// wrote it); otherwise the cells changed since the database's clock at the last read that
+/// returned rows (each read brings that clock back with its rows, so a sync is one statement),
+/// less the overlap. A read that returned nothing moves nothing: the next looks from the same
+/// point, and finds only what was written since.
 #[derive(Clone, Copy, Debug)]
 pub struct SyncPlan {
     full_every_ms: u64,
-    last_read: Option<u64>,
+    /// The database's clock at the last read that returned rows.
+    read_at: Option<u64>,
+    /// The gateway's clock when the last full read began.
     last_full: Option<u64>,
 }
 
@@ -51,14 +55,14 @@ impl SyncPlan {
     pub const fn new(full_every_ms: u64) -> Self {
         Self {
             full_every_ms,
-            last_read: None,
+            read_at: None,
             last_full: None,
         }
     }
 
-    /// What a sync beginning at `now_ms` reads.
+    /// What a sync beginning at `now_ms` (the gateway's clock) reads.
     pub fn next(&self, now_ms: u64) -> SyncRead {
-        match (self.last_read, self.last_full) {
+        match (self.read_at, self.last_full) {
             (Some(read), Some(full)) if now_ms.saturating_sub(full) < self.full_every_ms => {
                 SyncRead::Since(read.saturating_sub(SYNC_OVERLAP_MS))
             }
@@ -66,9 +70,12 @@ impl SyncPlan {
         }
     }
 
-    /// Records a read that began at `began_ms` and succeeded.
-    pub fn done(&mut self, read: SyncRead, began_ms: u64) {
-        self.last_read = Some(began_ms);
+    /// Records a read that began at `began_ms` (the gateway's clock) and succeeded, with the
+    /// database's clock it returned (none: it returned no row).
+    pub fn done(&mut self, read: SyncRead, began_ms: u64, db_now: Option<u64>) {
+        if let Some(t) = db_now {
+            self.read_at = Some(self.read_at.map_or(t, |r| r.max(t)));
+        }
         if read == SyncRead::Full {
             self.last_full = Some(began_ms);
         }
@@ -363,20 +370,17 @@ impl Global {
     /// memory (for decisions). Returns the rows applied.
     pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
         let started = std::time::Instant::now();
-        let read = async {
-            let began = self.store.clock_ms().await?;
-            let read = self.sync_plan().next(began);
-            let rows = match read {
-                SyncRead::Full => self.store.sync(&self.region, now_ms).await?,
-                SyncRead::Since(since) => {
-                    self.store.sync_changed(&self.region, now_ms, since).await?
-                }
-            };
-            Ok((read, began, rows))
+        let read = self.sync_plan().next(now_ms);
+        let since = match read {
+            SyncRead::Full => None,
+            SyncRead::Since(since) => Some(since),
         };
-        let rows = match self.guarded(read).await {
-            Ok((read, began, rows)) => {
-                self.sync_plan().done(read, began);
+        let rows = match self
+            .guarded(self.store.sync_cells(&self.region, now_ms, since))
+            .await
+        {
+            Ok((rows, db_now)) => {
+                self.sync_plan().done(read, now_ms, db_now);
                 if read == SyncRead::Full {
                     self.metrics.full_syncs.inc();
                 }
@@ -489,32 +493,39 @@ mod tests {
 
     #[test]
     fn a_sync_reads_every_row_first_and_each_interval_and_what_changed_between() {
+        // The gateway's clock starts at 0; the database's is an hour ahead.
+        let db = 3_600_000;
         let mut plan = SyncPlan::new(60_000);
-        assert_eq!(plan.next(1_000_000), SyncRead::Full, "the first read");
-        plan.done(SyncRead::Full, 1_000_000);
-        let next = plan.next(1_001_000);
-        assert_eq!(next, SyncRead::Since(1_000_000 - SYNC_OVERLAP_MS));
-        plan.done(next, 1_001_000);
+        assert_eq!(plan.next(0), SyncRead::Full, "the first read");
+        plan.done(SyncRead::Full, 0, Some(db));
+        let next = plan.next(1_000);
+        assert_eq!(next, SyncRead::Since(db - SYNC_OVERLAP_MS));
+        plan.done(next, 1_000, Some(db + 1_000));
         assert_eq!(
-            plan.next(1_002_000),
-            SyncRead::Since(1_001_000 - SYNC_OVERLAP_MS),
-            "from the last read's start"
+            plan.next(2_000),
+            SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS),
+            "from the database's clock at the last read"
         );
-        // A failed sync records nothing: the next reads from the last that succeeded.
+        // A read that found nothing moves nothing, and a failed one records nothing.
+        plan.done(SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS), 2_000, None);
         assert_eq!(
-            plan.next(1_030_000),
-            SyncRead::Since(1_001_000 - SYNC_OVERLAP_MS)
+            plan.next(30_000),
+            SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS)
         );
         assert_eq!(
-            plan.next(1_060_000),
+            plan.next(60_000),
             SyncRead::Full,
             "a minute after the last full"
         );
-        plan.done(SyncRead::Full, 1_060_000);
+        plan.done(SyncRead::Full, 60_000, Some(db + 60_000));
         assert_eq!(
-            plan.next(1_061_000),
-            SyncRead::Since(1_060_000 - SYNC_OVERLAP_MS)
+            plan.next(61_000),
+            SyncRead::Since(db + 60_000 - SYNC_OVERLAP_MS)
         );
+        // A full read of an empty table: the next is full again (it has no clock to start from).
+        let mut empty = SyncPlan::new(60_000);
+        empty.done(SyncRead::Full, 0, None);
+        assert_eq!(empty.next(1_000), SyncRead::Full);
         assert_eq!(
             SyncPlan::new(0).next(5),
             SyncRead::Full,

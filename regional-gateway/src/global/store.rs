@@ -71,6 +71,10 @@ pub struct SyncRow {
     pub foreign: u64,
 }
 
+/// A sync row as the database returns it: workspace, namespace, identifier, duration,
+/// sequence, own, foreign sum, and the database's clock.
+type RawSyncRow = (String, String, String, i64, i64, i64, i64, i64);
+
 /// A connection pool to the global table.
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -107,8 +111,12 @@ impl Store {
     /// `sqlite://…` (the SQLite file is created if missing).
     pub fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         if url.starts_with("mysql://") {
+            // No ping before each statement: across regions a ping is a round trip of its own
+            // (50-150 ms), doubling every flush and sync; a dead connection fails its statement,
+            // which the next cadence retries on a new one.
             let pool = MySqlPoolOptions::new()
                 .max_connections(4)
+                .test_before_acquire(false)
                 .acquire_timeout(timeout)
                 .connect_lazy(url)
                 .map_err(|e| StoreError::Connect(e.to_string()))?;
@@ -272,7 +280,7 @@ impl Store {
 
     /// One query: for every live cell, this region's component and the others' sum.
     pub async fn sync(&self, region: &Region, now_ms: u64) -> Result<Vec<SyncRow>, StoreError> {
-        self.sync_cells(region, now_ms, None).await
+        Ok(self.sync_cells(region, now_ms, None).await?.0)
     }
 
     /// [`sync`](Self::sync) of only the live cells with a row written after `since_ms` (the
@@ -283,15 +291,18 @@ impl Store {
         now_ms: u64,
         since_ms: u64,
     ) -> Result<Vec<SyncRow>, StoreError> {
-        self.sync_cells(region, now_ms, Some(since_ms)).await
+        Ok(self.sync_cells(region, now_ms, Some(since_ms)).await?.0)
     }
 
-    async fn sync_cells(
+    /// [`sync`](Self::sync) (`since_ms` none) or [`sync_changed`](Self::sync_changed), with the
+    /// database's clock when the statement ran (none when it returned no row): one statement,
+    /// so across regions one round trip, where reading the clock first would take two.
+    pub async fn sync_cells(
         &self,
         region: &Region,
         now_ms: u64,
         since_ms: Option<u64>,
-    ) -> Result<Vec<SyncRow>, StoreError> {
+    ) -> Result<(Vec<SyncRow>, Option<u64>), StoreError> {
         let cells = "c.workspace_id, c.namespace, c.identifier, c.duration_ms, c.sequence";
         let from = match since_ms {
             None => "ratelimit_window_counts AS c WHERE c.expires_at > ?".to_string(),
@@ -305,17 +316,18 @@ impl Store {
                     .to_string()
             }
         };
-        let sql = |cast: &str| {
+        let sql = |cast: &str, now: &str| {
             format!(
                 "SELECT {cells}, \
                  CAST(SUM(CASE WHEN c.region = ? THEN c.count ELSE 0 END) AS {cast}) AS own, \
-                 CAST(SUM(CASE WHEN c.region <> ? THEN c.count ELSE 0 END) AS {cast}) AS foreign_sum \
+                 CAST(SUM(CASE WHEN c.region <> ? THEN c.count ELSE 0 END) AS {cast}) AS foreign_sum, \
+                 CAST(MAX({now}) AS {cast}) AS db_now \
                  FROM {from} GROUP BY {cells}"
             )
         };
-        let rows: Vec<(String, String, String, i64, i64, i64, i64)> = match self {
+        let rows: Vec<RawSyncRow> = match self {
             Store::MySql(p) => {
-                let text = sql("SIGNED");
+                let text = sql("SIGNED", MYSQL_NOW_MS);
                 let mut q = sqlx::query(&text)
                     .bind(region.as_str())
                     .bind(region.as_str());
@@ -341,13 +353,14 @@ impl Store {
                             r.try_get(4)?,
                             r.try_get(5)?,
                             r.try_get(6)?,
+                            r.try_get(7)?,
                         ))
                     })
                     .collect::<Result<_, sqlx::Error>>()
                     .map_err(query)?
             }
             Store::Sqlite(p) => {
-                let text = sql("INTEGER");
+                let text = sql("INTEGER", SQLITE_NOW_MS);
                 let mut q = sqlx::query(&text)
                     .bind(region.as_str())
                     .bind(region.as_str());
@@ -368,15 +381,17 @@ impl Store {
                             r.try_get(4)?,
                             r.try_get(5)?,
                             r.try_get(6)?,
+                            r.try_get(7)?,
                         ))
                     })
                     .collect::<Result<_, sqlx::Error>>()
                     .map_err(query)?
             }
         };
-        Ok(rows
+        let db_now = rows.iter().map(|r| unsigned(r.7)).max();
+        let rows = rows
             .into_iter()
-            .filter_map(|(ws, ns, id, duration, sequence, own, foreign)| {
+            .filter_map(|(ws, ns, id, duration, sequence, own, foreign, _)| {
                 let d = WindowDuration::from_ms(unsigned(duration)).ok()?;
                 let key = WindowKey::new(&ws, &ns, &id, d).ok()?;
                 Some(SyncRow {
@@ -386,7 +401,8 @@ impl Store {
                     foreign: unsigned(foreign),
                 })
             })
-            .collect())
+            .collect();
+        Ok((rows, db_now))
     }
 
     /// Records that `region` publishes, at `now_ms`, and returns how many regions did since

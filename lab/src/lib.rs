@@ -9,6 +9,7 @@ pub mod plot;
 pub mod probe;
 pub mod report;
 pub mod scenario;
+pub mod shells;
 pub mod sql;
 pub mod stack;
 pub mod wan;
@@ -84,6 +85,8 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         .build()
         .map_err(|e| e.to_string())?;
     let mut stack = Stack::start(&options.stack, s.regions, s.gateways, &http).await?;
+    let through = options.stack.through;
+    stack.front(through, &shells::rules(&s), &http).await;
     let s = Arc::new(s);
     let picker = Arc::new(KeyPicker::new(s.keys));
     if s.aligned {
@@ -98,7 +101,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         tasks.push(tokio::spawn(load::send(
             s.clone(),
             (region, i),
-            g.base.clone(),
+            (through, g.entry().to_string()),
             i as u64 + 1,
             start,
             start_ms,
@@ -112,7 +115,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
             if let Some(g) = r.gateways.first() {
                 tasks.push(tokio::spawn(load::poll(
                     s.clone(),
-                    region,
+                    (region, load::identifier(through, 0)),
                     g.base.clone(),
                     start,
                     http.clone(),

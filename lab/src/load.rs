@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 
 use crate::scenario::{Keys, Scenario};
+use crate::shells::Through;
 
 /// What a request got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,12 +129,22 @@ fn rate_at(s: &Scenario, region: usize, t: f64) -> f64 {
         .sum()
 }
 
-/// Offers one gateway its share of the scenario's load from `start` for `s.seconds`.
+/// The cell identifier of key `key` as traffic through `through` names it: the gateway API's
+/// own identifier, or the shells' rule's (`descriptor=value`).
+pub fn identifier(through: Through, key: u32) -> String {
+    match through {
+        Through::Gateway => format!("k{key}"),
+        Through::Edge | Through::Envoy => format!("key=k{key}"),
+    }
+}
+
+/// Offers one gateway its share of the scenario's load from `start` for `s.seconds`, through
+/// `through` at `base` (the gateway's API or the shell in front of it).
 #[allow(clippy::too_many_arguments)] // one task's whole context, passed once
 pub async fn send(
     s: Arc<Scenario>,
     (region, gateway): (usize, usize),
-    base: String,
+    (through, base): (Through, String),
     seed: u64,
     start: Instant,
     start_ms: u64,
@@ -141,7 +152,10 @@ pub async fn send(
     recorder: Arc<Recorder>,
     picker: Arc<KeyPicker>,
 ) {
-    let url = format!("{base}/v1/ratelimit");
+    let url = match through {
+        Through::Gateway => format!("{base}/v1/ratelimit"),
+        Through::Edge | Through::Envoy => format!("{base}/"),
+    };
     let slots = Arc::new(Semaphore::new(IN_FLIGHT as usize));
     let mut rng = StdRng::seed_from_u64(seed);
     let mut due = 0.0_f64;
@@ -161,13 +175,19 @@ pub async fn send(
                 return;
             };
             let key = picker.pick(&mut rng);
-            let body = decide_body(&s, key);
+            let body = match through {
+                Through::Gateway => Some(decide_body(&s, key)),
+                Through::Edge | Through::Envoy => None,
+            };
             let (http, url, recorder) = (http.clone(), url.clone(), recorder.clone());
             let at_ms = start_ms + u64::try_from(start.elapsed().as_millis()).unwrap_or(0);
             recorder.sent.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
                 let sent = Instant::now();
-                let outcome = decide(&http, &url, body).await;
+                let outcome = match body {
+                    Some(body) => decide(&http, &url, body).await,
+                    None => pass(&http, &url, key).await,
+                };
                 let latency_us = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
                 drop(permit);
                 recorder.record(Sample {
@@ -212,10 +232,25 @@ async fn decide(http: &reqwest::Client, url: &str, body: String) -> Outcome {
     }
 }
 
-/// Reads region `region`'s view of the hot cell every [`POLL_EVERY`] until `s.seconds`.
+/// A GET through a shell with the key in `x-api-key`: 200 passed, 429 denied.
+async fn pass(http: &reqwest::Client, url: &str, key: u32) -> Outcome {
+    match http
+        .get(url)
+        .header("x-api-key", format!("k{key}"))
+        .send()
+        .await
+    {
+        Ok(r) if r.status() == 200 => Outcome::Pass,
+        Ok(r) if r.status() == 429 => Outcome::Deny,
+        _ => Outcome::Error,
+    }
+}
+
+/// Reads region `region`'s view of the hot cell (named `identifier`) every [`POLL_EVERY`]
+/// until `s.seconds`.
 pub async fn poll(
     s: Arc<Scenario>,
-    region: usize,
+    (region, identifier): (usize, String),
     base: String,
     start: Instant,
     http: reqwest::Client,
@@ -227,7 +262,7 @@ pub async fn poll(
         let at_ms = crate::now_ms();
         let sequence = at_ms / s.duration_ms;
         let body = format!(
-            r#"{{"cells":[{{"namespace":"lab","identifier":"k0","duration":{},"sequence":{sequence}}}]}}"#,
+            r#"{{"cells":[{{"namespace":"lab","identifier":"{identifier}","duration":{},"sequence":{sequence}}}]}}"#,
             s.duration_ms
         );
         recorder.polled.fetch_add(1, Ordering::Relaxed);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use strata_lab::scenario::{self, QUICK};
+use strata_lab::shells::Through;
 use strata_lab::stack::StackOptions;
 use strata_lab::wan::Link;
 use strata_lab::{Options, report::Report};
@@ -46,6 +47,10 @@ struct Cli {
     /// tenth of `--wan`].
     #[arg(long, value_parser = humantime::parse_duration, requires = "wan")]
     wan_jitter: Option<Duration>,
+    /// What the traffic enters through: each gateway's API, or a workerd edge (the built
+    /// bundle, `scripts/build-edge.sh`) in front of each gateway.
+    #[arg(long, value_enum, default_value = "gateway")]
+    through: Through,
     /// The publish floor the gateways run with, where the propagation delay is measured from.
     #[arg(long, default_value_t = 0.2)]
     floor: f64,
@@ -107,6 +112,7 @@ async fn main() -> ExitCode {
             gateway,
             gateway_args: cli.gateway_args,
             mysql: cli.mysql,
+            through: cli.through,
             wan: cli.wan.map(|delay| Link {
                 delay,
                 jitter: cli.wan_jitter.unwrap_or(delay / 10),

@@ -10,12 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Result;
+use crate::shells::{Front, Through, Upstream};
 use crate::wan::{DelayProxy, Link};
 
 /// A loopback port nothing listens on, never handed out before by this run: the kernel may
 /// offer a port again as soon as the probe closes it, before the server it was meant for
 /// (a gateway, a Redis) has bound it.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
@@ -163,15 +164,22 @@ impl Drop for Redis {
     }
 }
 
-/// One gateway process.
+/// One gateway process, and the shell in front of it when the traffic goes through one.
 #[derive(Debug)]
 pub struct Gateway {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
+    /// The shell in front of it (`--through edge`, `--through envoy`).
+    pub front: Option<Front>,
 }
 
 impl Gateway {
+    /// Where the scenario's traffic for this gateway goes: its shell, or itself.
+    pub fn entry(&self) -> &str {
+        self.front.as_ref().map_or(&self.base, Front::base)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -235,6 +243,8 @@ impl Sql {
 pub struct Stack {
     pub regions: Vec<Region>,
     pub sql: Sql,
+    /// Where the shells in front of the gateways send passes (`--through edge`).
+    pub upstream: Option<Upstream>,
     dir: PathBuf,
 }
 
@@ -249,6 +259,8 @@ pub struct StackOptions {
     pub mysql: Option<String>,
     /// The simulated WAN between each region and the global store; loopback when absent.
     pub wan: Option<Link>,
+    /// What the traffic enters through: each gateway's API, or a shell in front of each.
+    pub through: Through,
 }
 
 impl Stack {
@@ -280,6 +292,7 @@ impl Stack {
         let mut stack = Self {
             regions: Vec::new(),
             sql,
+            upstream: None,
             dir,
         };
         let server = match (&options.wan, &options.mysql) {
@@ -348,6 +361,7 @@ impl Stack {
         Ok(Gateway {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            front: None,
         })
     }
 
@@ -379,6 +393,28 @@ impl Stack {
             }
         }
         Ok(())
+    }
+
+    /// Puts a shell in front of every gateway (none for [`Through::Gateway`]), each with
+    /// `rules`, passing to one upstream, and waits until each is ready.
+    pub async fn front(
+        &mut self,
+        through: Through,
+        rules: &serde_json::Value,
+        http: &reqwest::Client,
+    ) {
+        if through == Through::Gateway {
+            return;
+        }
+        let upstream = Upstream::start().await;
+        for region in &mut self.regions {
+            for g in &mut region.gateways {
+                g.front =
+                    crate::shells::front(through, &region.name, &g.base, &upstream, rules, http)
+                        .await;
+            }
+        }
+        self.upstream = Some(upstream);
     }
 
     /// Every gateway, with its region's index.

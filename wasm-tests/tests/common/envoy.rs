@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[derive(Debug)]
 pub struct Envoy {
     child: Child,
     dir: PathBuf,
@@ -86,6 +87,7 @@ fn cluster(name: &str, port: Option<u16>) -> String {
 }
 
 /// The HTTP filters of a listener: one filter (YAML at the list's indentation) then the router.
+#[derive(Debug)]
 pub enum Filters {
     /// The Strata filter, configured with this JSON.
     Strata(String),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+#[derive(Debug)]
 pub struct Upstream {
     pub base: String,
     hits: Arc<AtomicU64>,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[derive(Debug)]
 pub struct Workerd {
     child: Child,
     dir: PathBuf,

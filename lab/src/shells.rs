@@ -1,0 +1,98 @@
+//! The shells users deploy, as a scenario's traffic sources: in front of each gateway a
+//! `workerd` process running the built edge bundle (`--through edge`), or an Envoy (1.40,
+//! `--concurrency 2`) running the built filter (`--through envoy`); their rule the scenario's
+//! limit on the `x-api-key` header, passing to one loopback upstream. A request is a GET with
+//! the key in that header; 200 is a pass, 429 a denial.
+//!
+//! The process launchers are the end-to-end tests' own, included by path (one copy): they stop
+//! the lab with a message when workerd, Envoy or a build is missing (`scripts/test.sh` installs
+//! and builds them).
+
+use crate::scenario::Scenario;
+
+/// The end-to-end tests' launchers, included by path.
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    dead_code,
+    unreachable_pub
+)]
+mod launchers;
+
+pub use launchers::envoy::Envoy;
+pub use launchers::upstream::Upstream;
+pub use launchers::workerd::Workerd;
+
+/// Which shell a scenario's traffic goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Through {
+    /// Straight to each gateway's API (`POST /v1/ratelimit`).
+    Gateway,
+    /// A workerd edge in front of each gateway.
+    Edge,
+    /// An Envoy with the Strata filter in front of each gateway.
+    Envoy,
+}
+
+/// A shell process in front of a gateway.
+#[derive(Debug)]
+pub enum Front {
+    Edge(Workerd),
+    Envoy(Envoy),
+}
+
+impl Front {
+    /// `http://127.0.0.1:<port>`: where its traffic goes.
+    pub fn base(&self) -> &str {
+        match self {
+            Front::Edge(w) => &w.base,
+            Front::Envoy(e) => &e.base,
+        }
+    }
+}
+
+/// The shells' rules for scenario `s`: its limit and window, keyed on `x-api-key`, in the
+/// lab's namespace (so a key `k7` is the cell `lab` / `key=k7`).
+pub fn rules(s: &Scenario) -> serde_json::Value {
+    serde_json::json!([{
+        "name": "lab", "namespace": "lab", "limit": s.limit,
+        "duration": format!("{}ms", s.duration_ms),
+        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]
+    }])
+}
+
+/// A `through` shell of region `region` in front of the gateway at `gateway`, passing to
+/// `upstream`, with `rules`; ready. None for [`Through::Gateway`].
+pub async fn front(
+    through: Through,
+    region: &str,
+    gateway: &str,
+    upstream: &Upstream,
+    rules: &serde_json::Value,
+    http: &reqwest::Client,
+) -> Option<Front> {
+    match through {
+        Through::Gateway => None,
+        Through::Edge => {
+            let rules = serde_json::json!({ "rules": rules }).to_string();
+            let mut w = Workerd::proxy(&[
+                ("STRATA_GATEWAY_URL", gateway),
+                ("STRATA_UPSTREAM", &upstream.base),
+                ("STRATA_RULES", &rules),
+                ("STRATA_REGION", region),
+            ]);
+            w.ready().await;
+            Some(Front::Edge(w))
+        }
+        Through::Envoy => {
+            let configuration = serde_json::json!({
+                "gateway_cluster": "strata_gateway", "region": region, "rules": rules
+            });
+            let port = launchers::upstream::port_of(gateway);
+            let mut e = Envoy::start(&configuration.to_string(), upstream.port(), Some(port));
+            e.ready(http).await;
+            Some(Front::Envoy(e))
+        }
+    }
+}

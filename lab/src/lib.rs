@@ -156,6 +156,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         recorder.polled.load(std::sync::atomic::Ordering::Relaxed),
     );
     report.wan = options.stack.wan.map(|l| l.describe());
+    report.through = through.name().to_string();
     report.write(&options.out, &s)?;
     Ok(report)
 }

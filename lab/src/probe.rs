@@ -144,6 +144,13 @@ pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
             &SOURCES,
             &mut reading.decided_by,
         );
+        // Requests a shell decided never reach the gateway's own decision counts.
+        if let Some(front) = &g.front {
+            let decided = front.decided(http, &SOURCES).await;
+            for (sum, n) in reading.decided_by.iter_mut().zip(decided) {
+                *sum += n;
+            }
+        }
         reading.cpu_seconds += cpu_ticks(g.pid()) as f64 / ticks;
         reading.rss_kib.push(rss_kib(g.pid()));
     }

@@ -34,6 +34,8 @@ pub struct Report {
     pub sync_ms_mean: f64,
     /// The simulated WAN between each region and the store, when the run had one.
     pub wan: Option<String>,
+    /// What the traffic entered through (`gateway`, `edge`, `envoy`).
+    pub through: String,
     pub gateway_cpu_seconds: f64,
     pub gateway_rss_mib_max: f64,
     /// Resident memory the gateways grew by, per window key they held.
@@ -121,6 +123,7 @@ impl Report {
                 }
             },
             wan: None,
+            through: "gateway".to_string(),
             gateway_cpu_seconds: after.cpu_seconds - before.cpu_seconds,
             gateway_rss_mib_max: after.rss_kib.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
             bytes_per_window: if windows_held == 0 {
@@ -151,6 +154,7 @@ impl Report {
             "parameters": self.parameters,
             "gateway_args": self.gateway_args,
             "wan": self.wan,
+            "through": self.through,
             "seconds": self.seconds,
             "limit_rate": self.limit_rate,
             "figures": {
@@ -191,9 +195,19 @@ impl Report {
         let text = serde_json::to_string_pretty(&self.to_json()).map_err(|e| e.to_string())?;
         std::fs::write(&json, text + "\n").map_err(|e| format!("{}: {e}", json.display()))?;
         let svg = out.join(format!("{}.svg", self.scenario));
+        let mut about = s.about.to_string();
+        if self.through != "gateway" {
+            about.push_str(&format!(
+                "; through {} in front of each gateway",
+                self.through
+            ));
+        }
+        if let Some(wan) = &self.wan {
+            about.push_str(&format!("; the store {wan}"));
+        }
         let chart = crate::plot::chart(
             s.name,
-            s.about,
+            &about,
             &self.figures.admitted_per_second,
             self.limit_rate,
         );

@@ -35,6 +35,17 @@ pub enum Through {
     Envoy,
 }
 
+impl Through {
+    /// `gateway`, `edge`, `envoy`: as the option spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Through::Gateway => "gateway",
+            Through::Edge => "edge",
+            Through::Envoy => "envoy",
+        }
+    }
+}
+
 /// A shell process in front of a gateway.
 #[derive(Debug)]
 pub enum Front {
@@ -48,6 +59,41 @@ impl Front {
         match self {
             Front::Edge(w) => &w.base,
             Front::Envoy(e) => &e.base,
+        }
+    }
+
+    /// How many requests the shell decided by each path of `sources` (`local`, `origin`, ...):
+    /// the edge's `/__strata/stats`, Envoy's `strata.decided.*` stats (summed over its VMs).
+    /// Zero where the shell does not answer.
+    pub async fn decided(&self, http: &reqwest::Client, sources: &[&str]) -> Vec<f64> {
+        match self {
+            Front::Edge(w) => {
+                let stats = async {
+                    let r = http.get(format!("{}/__strata/stats", w.base)).send().await;
+                    r.ok()?.json::<serde_json::Value>().await.ok()
+                }
+                .await
+                .unwrap_or_default();
+                sources
+                    .iter()
+                    .map(|s| stats["decided"][*s].as_f64().unwrap_or(0.0))
+                    .collect()
+            }
+            Front::Envoy(e) => {
+                let url = format!("{}/stats?filter=strata.decided", e.admin);
+                let text = async { http.get(url).send().await.ok()?.text().await.ok() }
+                    .await
+                    .unwrap_or_default();
+                sources
+                    .iter()
+                    .map(|s| {
+                        let name = format!("wasmcustom.strata.decided.{s}: ");
+                        text.lines()
+                            .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
+                            .unwrap_or(0.0)
+                    })
+                    .collect()
+            }
         }
     }
 }
@@ -81,6 +127,8 @@ pub async fn front(
                 ("STRATA_UPSTREAM", &upstream.base),
                 ("STRATA_RULES", &rules),
                 ("STRATA_REGION", region),
+                // Its counters at /__strata/stats, read by the lab's probe.
+                ("STRATA_DEBUG", "true"),
             ]);
             w.ready().await;
             Some(Front::Edge(w))

@@ -16,7 +16,9 @@ fn five_burst_through(shell: &str) {
         status.success(),
         "strata-lab through {shell} failed: {status}"
     );
-    let f = common::report(&out, "five-burst")["figures"].clone();
+    let report = common::report(&out, "five-burst");
+    assert_eq!(report["through"], shell, "{report}");
+    let f = report["figures"].clone();
     println!("five-burst through {shell}: {f}");
     assert_eq!(number(&f, "errors"), 0.0, "{f}");
     assert!(number(&f, "offered") >= 1_000.0, "{f}");

@@ -121,6 +121,22 @@ async fn main() -> ExitCode {
         out: cli.out,
         floor: cli.floor,
     };
+    // Ctrl-C drops the run: every process, proxy and directory it started goes with the stack
+    // (`Drop`), and the databases it created are dropped here.
+    let mut work = Box::pin(run_all(scenarios, options));
+    tokio::select! {
+        code = &mut work => code,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\nstrata-lab: interrupted; stopping everything it started");
+            drop(work);
+            strata_lab::sql::drop_created().await;
+            ExitCode::from(130)
+        }
+    }
+}
+
+/// Runs `scenarios` one after the other and prints their table.
+async fn run_all(scenarios: Vec<strata_lab::scenario::Scenario>, options: Options) -> ExitCode {
     let mut rows = Vec::new();
     for s in scenarios {
         eprintln!("==> {}: {}\n    {}", s.name, s.about, s.parameters());

@@ -1,12 +1,21 @@
 //! The global store's side of the lab: a database per run on a MySQL server, and the SQL fault
 //! (the store unavailable: every gateway's statement waits for its timeout and fails).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::Connection;
 
 use crate::Result;
 use crate::stack::Sql;
+
+/// The databases this process created and has not dropped yet (server, database): what an
+/// interrupted run still has to drop.
+static CREATED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+fn created() -> std::sync::MutexGuard<'static, Vec<(String, String)>> {
+    CREATED.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 pub async fn create_database(server: &str, database: &str) -> Result<()> {
     let mut c = sqlx::MySqlConnection::connect(server)
@@ -16,14 +25,26 @@ pub async fn create_database(server: &str, database: &str) -> Result<()> {
         .execute(&mut c)
         .await
         .map_err(|e| format!("CREATE DATABASE {database}: {e}"))?;
+    created().push((server.to_string(), database.to_string()));
     Ok(())
 }
 
 pub async fn drop_database(server: &str, database: &str) {
     if let Ok(mut c) = sqlx::MySqlConnection::connect(server).await {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{database}`"))
+        let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS `{database}`"))
             .execute(&mut c)
             .await;
+        if dropped.is_ok() {
+            created().retain(|(s, d)| !(s == server && d == database));
+        }
+    }
+}
+
+/// Drops every database this process created and has not dropped (a run cut short).
+pub async fn drop_created() {
+    let left = std::mem::take(&mut *created());
+    for (server, database) in left {
+        drop_database(&server, &database).await;
     }
 }
 

@@ -1,6 +1,6 @@
 //! What the lab's tests share: the built binaries, and reading a run's report.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)] // test code: a panic is the failure report; each test binary uses some of these
 
 use std::path::{Path, PathBuf};
 

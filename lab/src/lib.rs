@@ -1,7 +1,8 @@
 //! The accuracy lab: starts regions of real `strata-gateway` processes on loopback (a private
-//! Redis per region, one global SQL store, optionally across a simulated WAN), offers a scenario's traffic through the gateway API,
-//! injects its faults, and measures how close the regions together stay to the limit, how fast
-//! they learn of each other, and what that costs the stores and the gateways.
+//! Redis per region, one global SQL store, optionally across a simulated WAN), offers a
+//! scenario's traffic through the gateway API or a shell in front of each gateway, injects its
+//! faults, and measures how close the regions together stay to the limit, how fast they learn
+//! of each other, and what that costs the stores and the gateways.
 
 pub mod analysis;
 pub mod load;
@@ -115,7 +116,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
             if let Some(g) = r.gateways.first() {
                 tasks.push(tokio::spawn(load::poll(
                     s.clone(),
-                    (region, load::identifier(through, 0)),
+                    (region, through.identifier(&load::key_name(0))),
                     g.base.clone(),
                     start,
                     http.clone(),
@@ -156,7 +157,7 @@ pub async fn run(s: Scenario, options: &Options) -> Result<report::Report> {
         recorder.polled.load(std::sync::atomic::Ordering::Relaxed),
     );
     report.wan = options.stack.wan.map(|l| l.describe());
-    report.through = through.name().to_string();
+    report.through = through;
     report.write(&options.out, &s)?;
     Ok(report)
 }

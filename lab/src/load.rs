@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 
 use crate::scenario::{Keys, Scenario};
-use crate::shells::Through;
+use crate::shells::{KEY_HEADER, Through};
 
 /// What a request got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,8 +115,10 @@ impl KeyPicker {
 /// The body of a decision request on key `key`.
 pub fn decide_body(s: &Scenario, key: u32) -> String {
     format!(
-        r#"{{"namespace":"lab","identifier":"k{key}","limit":{},"duration":{}}}"#,
-        s.limit, s.duration_ms
+        r#"{{"namespace":"lab","identifier":"{}","limit":{},"duration":{}}}"#,
+        key_name(key),
+        s.limit,
+        s.duration_ms
     )
 }
 
@@ -129,13 +131,9 @@ fn rate_at(s: &Scenario, region: usize, t: f64) -> f64 {
         .sum()
 }
 
-/// The cell identifier of key `key` as traffic through `through` names it: the gateway API's
-/// own identifier, or the shells' rule's (`descriptor=value`).
-pub fn identifier(through: Through, key: u32) -> String {
-    match through {
-        Through::Gateway => format!("k{key}"),
-        Through::Edge | Through::Envoy => format!("key=k{key}"),
-    }
+/// Key number `key`'s name (`k7`): the gateway API's identifier, the shells' header value.
+pub fn key_name(key: u32) -> String {
+    format!("k{key}")
 }
 
 /// Offers one gateway its share of the scenario's load from `start` for `s.seconds`, through
@@ -232,14 +230,9 @@ async fn decide(http: &reqwest::Client, url: &str, body: String) -> Outcome {
     }
 }
 
-/// A GET through a shell with the key in `x-api-key`: 200 passed, 429 denied.
+/// A GET through a shell with the key in [`KEY_HEADER`]: 200 passed, 429 denied.
 async fn pass(http: &reqwest::Client, url: &str, key: u32) -> Outcome {
-    match http
-        .get(url)
-        .header("x-api-key", format!("k{key}"))
-        .send()
-        .await
-    {
+    match http.get(url).header(KEY_HEADER, key_name(key)).send().await {
         Ok(r) if r.status() == 200 => Outcome::Pass,
         Ok(r) if r.status() == 429 => Outcome::Deny,
         _ => Outcome::Error,

@@ -121,17 +121,35 @@ async fn main() -> ExitCode {
         out: cli.out,
         floor: cli.floor,
     };
-    // Ctrl-C drops the run: every process, proxy and directory it started goes with the stack
-    // (`Drop`), and the databases it created are dropped here.
+    // Ctrl-C or SIGTERM drops the run: every process, proxy and directory it started goes with the stack
+    // (`Drop`). Whatever ended it, the databases it created and did not drop go here (a run
+    // that failed midway leaves one too).
     let mut work = Box::pin(run_all(scenarios, options));
-    tokio::select! {
+    let code = tokio::select! {
         code = &mut work => code,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\nstrata-lab: interrupted; stopping everything it started");
-            drop(work);
-            strata_lab::sql::drop_created().await;
             ExitCode::from(130)
         }
+        _ = terminated() => {
+            eprintln!("strata-lab: terminated; stopping everything it started");
+            ExitCode::from(143)
+        }
+    };
+    drop(work);
+    strata_lab::sql::drop_created().await;
+    code
+}
+
+/// Resolves on SIGTERM (`kill`), which stops a run as Ctrl-C does; never where it cannot be
+/// listened for.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            term.recv().await;
+        }
+        Err(_) => std::future::pending::<()>().await,
     }
 }
 

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use crate::analysis::{Figures, Latency, Spread};
 use crate::probe::{CALL_KINDS, REASONS, Reading, SOURCES};
 use crate::scenario::Scenario;
+use crate::shells::Through;
 
 /// What one run measured.
 #[derive(Clone, Debug)]
@@ -34,8 +35,8 @@ pub struct Report {
     pub sync_ms_mean: f64,
     /// The simulated WAN between each region and the store, when the run had one.
     pub wan: Option<String>,
-    /// What the traffic entered through (`gateway`, `edge`, `envoy`).
-    pub through: String,
+    /// What the traffic entered through.
+    pub through: Through,
     pub gateway_cpu_seconds: f64,
     pub gateway_rss_mib_max: f64,
     /// Resident memory the gateways grew by, per window key they held.
@@ -123,7 +124,7 @@ impl Report {
                 }
             },
             wan: None,
-            through: "gateway".to_string(),
+            through: Through::Gateway,
             gateway_cpu_seconds: after.cpu_seconds - before.cpu_seconds,
             gateway_rss_mib_max: after.rss_kib.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
             bytes_per_window: if windows_held == 0 {
@@ -154,7 +155,7 @@ impl Report {
             "parameters": self.parameters,
             "gateway_args": self.gateway_args,
             "wan": self.wan,
-            "through": self.through,
+            "through": self.through.name(),
             "seconds": self.seconds,
             "limit_rate": self.limit_rate,
             "figures": {
@@ -196,11 +197,9 @@ impl Report {
         std::fs::write(&json, text + "\n").map_err(|e| format!("{}: {e}", json.display()))?;
         let svg = out.join(format!("{}.svg", self.scenario));
         let mut about = s.about.to_string();
-        if self.through != "gateway" {
-            about.push_str(&format!(
-                "; through {} in front of each gateway",
-                self.through
-            ));
+        if self.through != Through::Gateway {
+            let shell = self.through.name();
+            about.push_str(&format!("; through {shell} in front of each gateway"));
         }
         if let Some(wan) = &self.wan {
             about.push_str(&format!("; the store {wan}"));

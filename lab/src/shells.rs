@@ -24,6 +24,11 @@ pub use launchers::envoy::Envoy;
 pub use launchers::upstream::Upstream;
 pub use launchers::workerd::Workerd;
 
+/// The header the shells' rule keys on, and the descriptor it names the key by: key `k7` is
+/// the cell `lab` / `key=k7`.
+pub const KEY_HEADER: &str = "x-api-key";
+const KEY_DESCRIPTOR: &str = "key";
+
 /// Which shell a scenario's traffic goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Through {
@@ -42,6 +47,15 @@ impl Through {
             Through::Gateway => "gateway",
             Through::Edge => "edge",
             Through::Envoy => "envoy",
+        }
+    }
+
+    /// The cell identifier of key `key` (`k<n>`) as traffic through it names it: the gateway
+    /// API's identifier itself, or the shells' rule's `descriptor=value`.
+    pub fn identifier(self, key: &str) -> String {
+        match self {
+            Through::Gateway => key.to_string(),
+            Through::Edge | Through::Envoy => format!("{KEY_DESCRIPTOR}={key}"),
         }
     }
 }
@@ -98,13 +112,13 @@ impl Front {
     }
 }
 
-/// The shells' rules for scenario `s`: its limit and window, keyed on `x-api-key`, in the
-/// lab's namespace (so a key `k7` is the cell `lab` / `key=k7`).
+/// The shells' rules for scenario `s`: its limit and window, keyed on [`KEY_HEADER`], in the
+/// lab's namespace.
 pub fn rules(s: &Scenario) -> serde_json::Value {
     serde_json::json!([{
         "name": "lab", "namespace": "lab", "limit": s.limit,
         "duration": format!("{}ms", s.duration_ms),
-        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]
+        "actions": [{"request_headers": {"header_name": KEY_HEADER, "descriptor_key": KEY_DESCRIPTOR}}]
     }])
 }
 

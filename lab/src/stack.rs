@@ -272,6 +272,17 @@ impl Stack {
         gateways: usize,
         http: &reqwest::Client,
     ) -> Result<Self> {
+        // The WAN's far end, checked before anything is started.
+        let server = match (&options.wan, &options.mysql) {
+            (Some(_), Some(server)) => Some(crate::wan::server_address(server).await?),
+            (Some(_), None) => {
+                return Err(
+                    "--wan needs --mysql: the global store must be a server to be across a link"
+                        .into(),
+                );
+            }
+            (None, _) => None,
+        };
         let dir = std::env::temp_dir().join(format!(
             "strata-lab-{}-{}",
             std::process::id(),
@@ -294,16 +305,6 @@ impl Stack {
             sql,
             upstream: None,
             dir,
-        };
-        let server = match (&options.wan, &options.mysql) {
-            (Some(_), Some(server)) => Some(crate::wan::server_address(server).await?),
-            (Some(_), None) => {
-                return Err(
-                    "--wan needs --mysql: the global store must be a server to be across a link"
-                        .into(),
-                );
-            }
-            (None, _) => None,
         };
         for r in 0..regions {
             let name = format!("r{r}");

@@ -157,15 +157,21 @@ async fn carry(
     let _ = writer.await;
 }
 
+/// A `scheme://[user@]host[:port][/path]` URL in its parts: scheme, `user@` (or empty), host
+/// with its port, and path (or empty).
+fn url_parts(url: &str) -> (&str, &str, &str, &str) {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("mysql", url));
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (user, host) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    (scheme, user, host, path)
+}
+
 /// The `host:port` of a `mysql://user@host:port/...` URL (port 3306 when absent), resolved.
 pub async fn server_address(url: &str) -> Result<SocketAddr> {
-    let rest = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let (_, _, host, _) = url_parts(url);
     let host = if host.contains(':') {
         host.to_string()
     } else {
@@ -180,14 +186,7 @@ pub async fn server_address(url: &str) -> Result<SocketAddr> {
 
 /// `url` with its `host:port` replaced by `127.0.0.1:<port>` (the proxy's), user and path kept.
 pub fn through(url: &str, port: u16) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("mysql", url));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let user = authority
-        .rsplit_once('@')
-        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    let (scheme, user, _, path) = url_parts(url);
     format!("{scheme}://{user}127.0.0.1:{port}{path}")
 }
 

@@ -1,6 +1,7 @@
-//! Ctrl-C stops a run and leaves nothing behind: a run on the test command's MariaDB, interrupted
-//! (SIGINT) once its gateways are up, exits 130 with none of the gateway and Redis processes it
-//! started still running, no database and no directory of its own left.
+//! Ctrl-C (or `kill`) stops a run and leaves nothing behind: a run on the test command's
+//! MariaDB, sent SIGINT (SIGTERM in the second test) once its gateways are up, exits 130 (143)
+//! with none of the gateway and Redis processes it started still running, no database and no
+//! directory of its own left.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
 
@@ -64,8 +65,20 @@ fn directories_like(prefix: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn an_interrupted_run_leaves_no_process_database_or_directory() {
+    stopped_by("-INT", 130).await;
+}
+
+/// `kill` stops a run as Ctrl-C does.
+#[tokio::test]
+async fn a_terminated_run_leaves_no_process_database_or_directory() {
+    stopped_by("-TERM", 143).await;
+}
+
+/// Sends `signal` to a run once its gateways are up and checks it exits `code`, leaving
+/// nothing it started.
+async fn stopped_by(signal: &str, code: i32) {
     let (lab, gateway) = common::binaries();
-    let out = std::env::temp_dir().join(format!("lab-interrupted-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("lab-stopped{signal}-{}", std::process::id()));
     let mut child = Command::new(&lab)
         .args(["two-split-10x", "--quick", "--mysql", MARIADB])
         .arg("--gateway")
@@ -95,12 +108,12 @@ async fn an_interrupted_run_leaves_no_process_database_or_directory() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let kill = Command::new("kill")
-        .args(["-INT", &pid.to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "{status}");
+    assert_eq!(status.code(), Some(code), "{status}");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let left: Vec<u32> = started.iter().copied().filter(|p| alive(*p)).collect();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use strata_core::gcounter::{FlushRow, sort_flush_rows};
 use strata_core::{Region, WindowDuration, WindowKey};
-use strata_gateway::global::{Store, StoreError};
+use strata_gateway::global::{Store, StoreError, SyncRead};
 
 mod common;
 use common::mariadb::SharedDatabase;
@@ -368,7 +368,10 @@ async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_oth
     // clock when no row came back.
     let t2 = clock_past(store, store.clock_ms().await.unwrap()).await;
     store.flush(&us, &[row("busy", 31)]).await.unwrap();
-    let (rows, db_now) = store.sync_cells(&ap, NOW, Some(t2 - 1)).await.unwrap();
+    let (rows, db_now) = store
+        .sync_cells(&ap, NOW, SyncRead::Since(t2 - 1))
+        .await
+        .unwrap();
     let after = store.clock_ms().await.unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(
@@ -376,7 +379,7 @@ async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_oth
         "{db_now:?} in {t2}..={after}"
     );
     let (none, no_clock) = store
-        .sync_cells(&ap, NOW, Some(after + 60_000))
+        .sync_cells(&ap, NOW, SyncRead::Since(after + 60_000))
         .await
         .unwrap();
     assert!(

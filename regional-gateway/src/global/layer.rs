@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 
 use strata_core::{CounterTable, Counts, PublishPolicy, Region, TableConfig, WindowKeyRef};
 
-use super::store::{Store, StoreError};
+use super::store::{Store, StoreError, SyncRead};
 use crate::local::LocalTables;
 use crate::steps::in_steps;
 
@@ -24,15 +24,6 @@ pub const FLUSH_SCAN_STEP: usize = 16_384;
 /// waiting on a lock when the last read ran is read by the next. Re-reading a row is harmless
 /// (components merge by maximum); a flush held longer is read by the next full sync.
 pub const SYNC_OVERLAP_MS: u64 = 2_000;
-
-/// Which rows a sync reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SyncRead {
-    /// Every live row.
-    Full,
-    /// The rows of the cells written after this time (database clock, Unix ms).
-    Since(u64),
-}
 
 /// When a sync reads every row and when only what changed: every row on the first sync and
 /// then every `full_every_ms` (the gateway's clock), a backstop for what a sync of changes
@@ -371,12 +362,8 @@ impl Global {
     pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
         let started = std::time::Instant::now();
         let read = self.sync_plan().next(now_ms);
-        let since = match read {
-            SyncRead::Full => None,
-            SyncRead::Since(since) => Some(since),
-        };
         let rows = match self
-            .guarded(self.store.sync_cells(&self.region, now_ms, since))
+            .guarded(self.store.sync_cells(&self.region, now_ms, read))
             .await
         {
             Ok((rows, db_now)) => {

@@ -4,4 +4,4 @@ pub mod layer;
 pub mod store;
 
 pub use layer::Global;
-pub use store::{SCHEMA_VERSION, Store, StoreError, SyncRow, create_sqlite_dir};
+pub use store::{SCHEMA_VERSION, Store, StoreError, SyncRead, SyncRow, create_sqlite_dir};

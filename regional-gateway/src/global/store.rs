@@ -71,6 +71,15 @@ pub struct SyncRow {
     pub foreign: u64,
 }
 
+/// Which rows a sync reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncRead {
+    /// Every live row.
+    Full,
+    /// The rows of the cells written after this time (database clock, Unix ms).
+    Since(u64),
+}
+
 /// A sync row as the database returns it: workspace, namespace, identifier, duration,
 /// sequence, own, foreign sum, and the database's clock.
 type RawSyncRow = (String, String, String, i64, i64, i64, i64, i64);
@@ -260,8 +269,8 @@ impl Store {
         Ok(written)
     }
 
-    /// The database's clock, Unix ms: what a later [`sync_changed`](Self::sync_changed) reads
-    /// changes against.
+    /// The database's clock, Unix ms: what every flush stamps its rows with, and what a sync of
+    /// changes reads against ([`sync_cells`](Self::sync_cells) returns it with its rows).
     pub async fn clock_ms(&self) -> Result<u64, StoreError> {
         let ms: i64 = match self {
             Store::MySql(p) => {
@@ -280,7 +289,7 @@ impl Store {
 
     /// One query: for every live cell, this region's component and the others' sum.
     pub async fn sync(&self, region: &Region, now_ms: u64) -> Result<Vec<SyncRow>, StoreError> {
-        Ok(self.sync_cells(region, now_ms, None).await?.0)
+        Ok(self.sync_cells(region, now_ms, SyncRead::Full).await?.0)
     }
 
     /// [`sync`](Self::sync) of only the live cells with a row written after `since_ms` (the
@@ -291,18 +300,25 @@ impl Store {
         now_ms: u64,
         since_ms: u64,
     ) -> Result<Vec<SyncRow>, StoreError> {
-        Ok(self.sync_cells(region, now_ms, Some(since_ms)).await?.0)
+        Ok(self
+            .sync_cells(region, now_ms, SyncRead::Since(since_ms))
+            .await?
+            .0)
     }
 
-    /// [`sync`](Self::sync) (`since_ms` none) or [`sync_changed`](Self::sync_changed), with the
-    /// database's clock when the statement ran (none when it returned no row): one statement,
-    /// so across regions one round trip, where reading the clock first would take two.
+    /// The rows `read` says ([`sync`](Self::sync) or [`sync_changed`](Self::sync_changed)),
+    /// with the database's clock when the statement ran (none when it returned no row): one
+    /// statement, so across regions one round trip, where reading the clock first would take two.
     pub async fn sync_cells(
         &self,
         region: &Region,
         now_ms: u64,
-        since_ms: Option<u64>,
+        read: SyncRead,
     ) -> Result<(Vec<SyncRow>, Option<u64>), StoreError> {
+        let since_ms = match read {
+            SyncRead::Full => None,
+            SyncRead::Since(since) => Some(since),
+        };
         let cells = "c.workspace_id, c.namespace, c.identifier, c.duration_ms, c.sequence";
         let from = match since_ms {
             None => "ratelimit_window_counts AS c WHERE c.expires_at > ?".to_string(),

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The Envoy filter's cost under wrk (not part of the test command). Envoy 1.40 (the test
 # command's venv) answers from a `direct_response` route, so no upstream hides the filters'
-# share. Each round runs, side by side and in turn: Envoy with no Wasm filter, with the no-op
+# share. Each round runs, side by side and in turn: Envoy with no Wasm filter, with its own
+# `local_ratelimit` (one token bucket far from empty: what a native filter costs), with the no-op
 # filter of bench/noop-filter (the floor any Wasm filter pays: V8, a context per stream, one
 # header read), and with Strata's filter on a warm key far from its limit, each at
 # `--concurrency 1` under `wrk -t1 -c32`. Then Strata's filter at `--concurrency 2` with KEYS
-# keys drawn with Zipf s = ZIPF_S (default 1.1; 0: uniform; bench/zipf-keys.lua), and where its
-# requests were decided.
+# keys drawn with Zipf s = ZIPF_S (default 1.1; 0: uniform; bench/zipf-keys.lua) beside Envoy
+# with no Wasm filter at the same concurrency, and where its requests were decided.
 # BASELINE_WASM adds another build of the filter beside the current one in both parts, and
 # FILTER_CONFIG adds settings to the Strata filters' configuration (`'"shared_slots": 0,'`,
 # `'"headers_on_pass": false,'`: what a part costs); BASELINE_CONFIG gives the baseline other
@@ -55,6 +56,14 @@ envoy_config() {
   python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$extra" >"$work/$name.yaml" <<'PY'
 import sys
 name, wasm, port, admin, gw, extra = sys.argv[1:]
+LOCAL = """          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: local
+              token_bucket: { max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s }
+              filter_enabled: { default_value: { numerator: 100, denominator: HUNDRED } }
+              filter_enforced: { default_value: { numerator: 100, denominator: HUNDRED } }
+"""
 s = open("envoy-wasm/envoy.yaml").read()
 s = s.replace("port_value: 9901", f"port_value: {admin}").replace("port_value: 10000", f"port_value: {port}")
 s = s.replace("port_value: 8080", f"port_value: {gw}")
@@ -64,6 +73,9 @@ s = s.replace('"stat_prefix": "strata",', '"stat_prefix": "strata", ' + extra)
 start, end = s.index("          - name: envoy.filters.http.wasm"), s.index("          - name: envoy.filters.http.router")
 if wasm == "-":
     s = s[:start] + s[end:]
+elif wasm == "local_ratelimit":
+    # Envoy's own local rate limit, one token bucket far from empty: a native filter's cost.
+    s = s[:start] + LOCAL + s[end:]
 else:
     s = s.replace("envoy-wasm/dist/strata_envoy.wasm", wasm)
 print(s, end="")
@@ -84,8 +96,9 @@ start() {
 load() { wrk_line 32 "$DURATION" "$@"; }
 warm() { load "$1" -H "x-api-key: warm"; }
 
-names=(none noop strata)
+names=(none local noop strata)
 envoy_config none -
+envoy_config local local_ratelimit
 envoy_config noop "$noop"
 envoy_config strata "$strata"
 baseline_wasm=${BASELINE_WASM:-}
@@ -120,6 +133,8 @@ ratio_rounds "$ROUNDS" warm "${contenders[@]}"
 
 keyed=(strata)
 [ -n "$baseline_wasm" ] && keyed+=(baseline)
+envoy_config none-keys -
+start none-keys 2; port[none-keys]=$PORT
 for n in "${keyed[@]}"; do
   if [ "$n" = strata ]; then
     envoy_config "$n-keys" "$strata"
@@ -129,13 +144,12 @@ for n in "${keyed[@]}"; do
   start "$n-keys" 2; port[$n-keys]=$PORT; admin[$n-keys]=$ADMIN
 done
 echo "The --concurrency 2 Envoys after start:"
-idle "${keyed[@]/%/-keys}"
-echo "$KEYS keys (Zipf $ZIPF_S), --concurrency 2:"
-for r in $(seq "$ROUNDS"); do
-  for n in "${keyed[@]}"; do
-    printf "  round %s  %-9s %s\n" "$r" "$n" "$(KEYS=$KEYS ZIPF_S=$ZIPF_S load "${port[$n-keys]}" -s bench/zipf-keys.lua)"
-  done
-done
+idle none-keys "${keyed[@]/%/-keys}"
+echo "$KEYS keys (Zipf $ZIPF_S), --concurrency 2; ratio to no Wasm filter in the same round:"
+zipf() { KEYS=$KEYS ZIPF_S=$ZIPF_S load "$1" -s bench/zipf-keys.lua; }
+contenders=("none=${port[none-keys]}")
+for n in "${keyed[@]}"; do contenders+=("$n=${port[$n-keys]}"); done
+ratio_rounds "$ROUNDS" zipf "${contenders[@]}"
 for n in "${keyed[@]}"; do
   curl -s "127.0.0.1:${admin[$n-keys]}/stats" | awk -v n="$n" '
     /wasmcustom.strata.decided.local:/ {l=$2} /wasmcustom.strata.decided.origin:/ {o=$2}

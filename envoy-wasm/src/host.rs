@@ -66,33 +66,25 @@ pub struct Envoy;
 
 #[cfg(target_arch = "wasm32")]
 mod envoy {
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::Duration;
 
-    use proxy_wasm::hostcalls;
-    use proxy_wasm::types::{LogLevel, MapType, MetricType, Status};
+    use crate::abi::calls;
+    use crate::abi::{Buffer, Map, Status};
 
     use super::{Envoy, Host, SetError};
 
     impl Host for Envoy {
         fn now_ms(&self) -> u64 {
-            hostcalls::get_current_time()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            calls::now_nanos().map_or(0, |n| n / 1_000_000)
         }
         fn log(&self, warn: bool, message: &str) {
-            let level = if warn { LogLevel::Warn } else { LogLevel::Info };
-            let _ = hostcalls::log(level, message);
+            calls::log(if warn { 3 } else { 2 }, message);
         }
-        // The SDK's `get_map` and `get_map_value` turn values into `String` with `unwrap`: a
-        // client's non-UTF-8 byte would trap the VM. Only the `_bytes` calls are used.
         fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-            hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-                .ok()
-                .flatten()
+            calls::header(Map::RequestHeaders, name).ok().flatten()
         }
         fn peer_address(&self) -> Option<String> {
-            let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
+            let bytes = calls::property(&["source", "address"]).ok()??;
             String::from_utf8(bytes).ok()
         }
         fn dispatch(
@@ -102,48 +94,38 @@ mod envoy {
             body: &[u8],
             timeout: Duration,
         ) -> Result<u32, String> {
-            hostcalls::dispatch_http_call(cluster, headers, Some(body), vec![], timeout)
-                .map_err(|s| format!("{s:?}"))
+            let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+            calls::http_call(cluster, &headers, body, ms).map_err(|s| s.to_string())
         }
         fn call_response(&self, body_size: usize) -> (u16, Vec<u8>) {
-            let status =
-                hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-                    .ok()
-                    .flatten()
-                    .and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok())
-                    .unwrap_or(0);
-            let body = hostcalls::get_buffer(
-                proxy_wasm::types::BufferType::HttpCallResponseBody,
-                0,
-                body_size,
-            )
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+            let status = calls::header(Map::CallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok())
+                .unwrap_or(0);
+            let body = calls::buffer(Buffer::CallResponseBody, body_size)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
             (status, body)
         }
         fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
-            let _ = hostcalls::send_http_response(status, headers, Some(body));
+            let _ = calls::send_response(status, &headers, body);
         }
         fn resume(&self) {
-            let _ = hostcalls::resume_http_request();
+            let _ = calls::resume_request();
         }
         fn add_response_header(&self, name: &str, value: &str) {
-            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
+            let _ = calls::add_header(Map::ResponseHeaders, name, value);
         }
         fn set_context(&self, context_id: u32) -> bool {
-            hostcalls::set_effective_context(context_id).is_ok()
+            calls::set_effective_context(context_id).is_ok()
         }
         fn define_metric(&self, name: &str, gauge: bool) -> Option<u32> {
-            let kind = if gauge {
-                MetricType::Gauge
-            } else {
-                MetricType::Counter
-            };
-            hostcalls::define_metric(kind, name).ok()
+            calls::define_metric(gauge, name).ok()
         }
         fn increment(&self, id: u32, by: i64) {
-            let _ = hostcalls::increment_metric(id, by);
+            let _ = calls::increment_metric(id, by);
         }
         fn random_u64(&self) -> u64 {
             let mut bytes = [0_u8; 8];
@@ -154,22 +136,24 @@ mod envoy {
             u64::from_le_bytes(bytes)
         }
         fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-            hostcalls::get_shared_data(key).unwrap_or((None, None))
+            calls::shared_get(key).map_or((None, None), |(value, cas)| {
+                (value, (cas != 0).then_some(cas))
+            })
         }
         fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-            hostcalls::set_shared_data(key, Some(value), cas).map_err(|s| match s {
-                Status::CasMismatch => SetError::CasMismatch,
+            calls::shared_set(key, value, cas.unwrap_or(0)).map_err(|s| match s {
+                Status::CAS_MISMATCH => SetError::CasMismatch,
                 _ => SetError::Refused,
             })
         }
         fn register_queue(&self, name: &str) -> Option<u32> {
-            hostcalls::register_shared_queue(name).ok()
+            calls::register_queue(name).ok()
         }
         fn enqueue(&self, queue: u32) -> bool {
-            hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok()
+            calls::enqueue(queue, b"w").is_ok()
         }
         fn drain_queue(&self, queue: u32) {
-            while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue) {}
+            while let Ok(Some(_)) = calls::dequeue(queue) {}
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The same decisions as the edge: the rules and the request path are `strata-core`'s
 //! ([`strata_core::driver`]); [`filter`] maps a VM's callbacks to the driver's events over a
-//! [`host::Host`], [`store`] keeps the window keys' states, and the proxy-wasm glue below only
-//! routes Envoy's callbacks to it and applies the decisions once the VM is released. The VMs
+//! [`host::Host`], [`store`] keeps the window keys' states, and the glue below (the ABI's
+//! entry points; [`abi`] holds its host calls, with no SDK) only routes Envoy's callbacks to it
+//! and applies the decisions once the VM is released. The VMs
 //! of an Envoy (one per worker thread) share their window keys' states through shared data
 //! ([`shared`]), so the gateway sees one process; what finds no slot goes to the VM's own table.
 
@@ -11,6 +12,7 @@
 // (unwrap, expect and panic are denied workspace-wide).
 #![deny(clippy::indexing_slicing)]
 
+pub mod abi;
 pub mod config;
 pub mod filter;
 pub mod host;
@@ -20,134 +22,211 @@ pub mod store;
 
 #[cfg(target_arch = "wasm32")]
 mod glue {
+    //! The ABI's entry points, routed to the plugin's [`Vm`]. A root context holds a plugin;
+    //! a stream is its context id and costs nothing here (the plugin it belongs to is looked
+    //! up only when one VM serves several plugins).
+    #![allow(unsafe_code)] // the ABI's exports are `no_mangle`, and `_initialize` runs the constructors
+
     use std::cell::RefCell;
-    use std::rc::Rc;
+    use std::collections::BTreeMap;
 
-    use proxy_wasm::traits::{Context, HttpContext, RootContext};
-    use proxy_wasm::types::{Action, ContextType, LogLevel};
-
+    use crate::abi::{Buffer, calls};
     use crate::config::Config;
     use crate::filter::{Settle, Verdict, Vm, apply};
     use crate::host::{Envoy, Host};
 
-    proxy_wasm::main! {{
-        proxy_wasm::set_log_level(LogLevel::Info);
-        proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-            Box::new(Root { context_id, vm: None })
-        });
-    }}
+    /// One plugin (root context) of this VM and, once configured, its state.
+    struct Plugin {
+        root: u32,
+        vm: Option<Vm>,
+    }
 
-    type Shared = Rc<RefCell<Vm>>;
+    #[derive(Default)]
+    struct Plugins {
+        list: Vec<Plugin>,
+        /// Stream → its root context, for the streams made while the VM served more than one
+        /// plugin.
+        streams: BTreeMap<u32, u32>,
+    }
 
-    /// Runs `f` on the VM, then applies the decisions it made with the VM released: resuming
-    /// or answering a stream can call back into the VM at once. `current` is the context
-    /// the callback came to.
-    fn run<T>(vm: Option<&Shared>, current: u32, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
-        let (out, settled): (T, Vec<Settle>) = {
-            let mut vm = vm?.try_borrow_mut().ok()?;
-            let out = f(&mut vm);
-            (out, vm.take_settled())
-        };
+    impl Plugins {
+        /// The root context of stream `context`: the one it was made under if more than one
+        /// plugin was live then, else the first (the only one then, and still the first:
+        /// plugins are appended).
+        fn root_of(&self, context: u32) -> Option<u32> {
+            match self.streams.get(&context) {
+                Some(root) => Some(*root),
+                None => self.list.first().map(|p| p.root),
+            }
+        }
+
+        fn vm(&mut self, root: u32) -> Option<&mut Vm> {
+            self.list.iter_mut().find(|p| p.root == root)?.vm.as_mut()
+        }
+    }
+
+    thread_local! {
+        static PLUGINS: RefCell<Plugins> = RefCell::new(Plugins::default());
+    }
+
+    /// Runs `f` on the VM of root context `root`, then applies the decisions it made with the
+    /// VM released: resuming or answering a stream can call back into the VM at once.
+    /// `current` is the context the callback came to.
+    fn on_root<T>(root: u32, current: u32, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
+        let (out, settled): (T, Vec<Settle>) = PLUGINS.with(|plugins| {
+            let mut plugins = plugins.try_borrow_mut().ok()?;
+            let vm = plugins.vm(root)?;
+            let out = f(vm);
+            Some((out, vm.take_settled()))
+        })?;
         apply(&Envoy, settled, current);
         Some(out)
     }
 
-    struct Root {
-        context_id: u32,
-        vm: Option<Shared>,
+    /// [`on_root`] for a stream's callback.
+    fn on_stream<T>(context: u32, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
+        let root = PLUGINS.with(|p| p.try_borrow().ok()?.root_of(context))?;
+        on_root(root, context, f)
     }
 
-    impl Context for Root {
-        fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-            run(self.vm.as_ref(), self.context_id, |vm| {
-                vm.on_call_response(&Envoy, token, body_size);
-            });
+    #[cfg(target_os = "wasi")]
+    unsafe extern "C" {
+        fn __wasm_call_ctors();
+    }
+
+    /// The reactor's start: static constructors, once, before any other entry point.
+    #[unsafe(no_mangle)]
+    extern "C" fn _initialize() {
+        #[cfg(target_os = "wasi")]
+        // SAFETY: the linker's constructor list, called once, as the reactor ABI asks.
+        unsafe {
+            __wasm_call_ctors();
         }
     }
 
-    impl RootContext for Root {
-        fn on_configure(&mut self, _: usize) -> bool {
-            let bytes = self.get_plugin_configuration().unwrap_or_default();
-            match Config::from_json(&bytes) {
-                Ok(config) => {
-                    let vm = Vm::new(config, &Envoy);
-                    self.set_tick_period(vm.tick_period());
-                    self.vm = Some(Rc::new(RefCell::new(vm)));
-                    true
-                }
-                Err(e) => {
-                    Envoy.log(true, &format!("strata: invalid configuration: {e}"));
-                    false
-                }
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_abi_version_0_2_1() {}
+
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_vm_start(_root: u32, _size: usize) -> u32 {
+        1
+    }
+
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_context_create(context: u32, root: u32) {
+        PLUGINS.with(|plugins| {
+            let Ok(mut plugins) = plugins.try_borrow_mut() else {
+                return;
+            };
+            if root == 0 {
+                plugins.list.push(Plugin {
+                    root: context,
+                    vm: None,
+                });
+            } else if plugins.list.len() > 1 {
+                plugins.streams.insert(context, root);
             }
-        }
-
-        fn on_tick(&mut self) {
-            run(self.vm.as_ref(), self.context_id, |vm| vm.on_tick(&Envoy));
-        }
-
-        fn on_queue_ready(&mut self, _: u32) {
-            run(self.vm.as_ref(), self.context_id, |vm| vm.on_wake(&Envoy));
-        }
-
-        fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-            Some(Box::new(Stream {
-                context_id,
-                vm: self.vm.clone(),
-            }))
-        }
-
-        fn get_type(&self) -> Option<ContextType> {
-            Some(ContextType::HttpContext)
-        }
+        });
     }
 
-    struct Stream {
-        context_id: u32,
-        vm: Option<Shared>,
-    }
-
-    impl Stream {
-        fn with<T>(&self, f: impl FnOnce(&mut Vm) -> T) -> Option<T> {
-            run(self.vm.as_ref(), self.context_id, f)
-        }
-    }
-
-    impl Context for Stream {
-        fn on_done(&mut self) -> bool {
-            let context = self.context_id;
-            self.with(|vm| vm.on_done(context));
-            true
-        }
-    }
-
-    impl HttpContext for Stream {
-        fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-            #[cfg(feature = "fault-injection")]
-            fault::trap_if_asked();
-            let context = self.context_id;
-            match self.with(|vm| vm.on_request(&Envoy, context)) {
-                Some(Verdict::Pause) => Action::Pause,
-                _ => Action::Continue,
+    /// A bad configuration makes Envoy refuse it (0), with the reason in its log.
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_configure(root: u32, size: usize) -> u32 {
+        let bytes = calls::buffer(Buffer::PluginConfiguration, size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let config = match Config::from_json(&bytes) {
+            Ok(config) => config,
+            Err(e) => {
+                Envoy.log(true, &format!("strata: invalid configuration: {e}"));
+                return 0;
             }
+        };
+        let vm = Vm::new(config, &Envoy);
+        let period = u32::try_from(vm.tick_period().as_millis()).unwrap_or(u32::MAX);
+        if let Err(e) = calls::set_tick_period(period) {
+            Envoy.log(
+                true,
+                &format!("strata: no tick ({e}): gateway calls cannot time out"),
+            );
+            return 0;
         }
+        PLUGINS.with(|plugins| {
+            let Ok(mut plugins) = plugins.try_borrow_mut() else {
+                return 0;
+            };
+            match plugins.list.iter_mut().find(|p| p.root == root) {
+                Some(plugin) => {
+                    plugin.vm = Some(vm);
+                    1
+                }
+                None => 0,
+            }
+        })
+    }
 
-        fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-            let context = self.context_id;
-            self.with(|vm| vm.on_response(&Envoy, context));
-            Action::Continue
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_tick(root: u32) {
+        on_root(root, root, |vm| vm.on_tick(&Envoy));
+    }
+
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_queue_ready(root: u32, _queue: u32) {
+        on_root(root, root, |vm| vm.on_wake(&Envoy));
+    }
+
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_http_call_response(
+        root: u32,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        on_root(root, root, |vm| {
+            vm.on_call_response(&Envoy, token, body_size)
+        });
+    }
+
+    /// 0: go on; 1: stop (the request waits for a gateway call, or gets a local reply).
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_request_headers(context: u32, _headers: usize, _end: u32) -> u32 {
+        #[cfg(feature = "fault-injection")]
+        fault::trap_if_asked();
+        match on_stream(context, |vm| vm.on_request(&Envoy, context)) {
+            Some(Verdict::Pause) => 1,
+            _ => 0,
         }
+    }
+
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_response_headers(context: u32, _headers: usize, _end: u32) -> u32 {
+        on_stream(context, |vm| vm.on_response(&Envoy, context));
+        0
+    }
+
+    /// A stream is gone (answered, or its client hung up): a call it made still settles the
+    /// requests that joined it. A root context going away takes its plugin with it.
+    #[unsafe(no_mangle)]
+    extern "C" fn proxy_on_delete(context: u32) {
+        on_stream(context, |vm| vm.on_done(context));
+        PLUGINS.with(|plugins| {
+            let Ok(mut plugins) = plugins.try_borrow_mut() else {
+                return;
+            };
+            plugins.streams.remove(&context);
+            plugins.list.retain(|p| p.root != context);
+        });
     }
 
     /// A test build's deliberate VM failure (feature `fault-injection`, never in a release).
     #[cfg(feature = "fault-injection")]
     mod fault {
-        use proxy_wasm::hostcalls;
-        use proxy_wasm::types::MapType;
+        use crate::abi::{Map, calls};
 
         pub(super) fn trap_if_asked() {
-            let asked =
-                hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, "x-strata-fault");
+            let asked = calls::header(Map::RequestHeaders, "x-strata-fault");
             if asked.ok().flatten().as_deref() == Some(b"trap".as_slice()) {
                 core::arch::wasm32::unreachable();
             }

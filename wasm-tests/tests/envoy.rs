@@ -4,7 +4,8 @@
 //! stats; replayed counts reach Redis and a second Envoy sees them; a 20x burst across two
 //! Envoys stays within 1.05x; shadow rules never deny; a gateway stopped mid-run gives local
 //! decisions and no 5xx; a gateway cluster with no host, or one that never answers, does not
-//! hang requests past the timeout; an invalid configuration is refused with the reason logged.
+//! hang requests past the timeout; an invalid configuration is refused with the reason logged;
+//! two Strata filters in one VM each decide by their own rules.
 
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a panic is the failure report
@@ -649,4 +650,41 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
         "no request after the first waited for the gateway"
     );
     assert_renewed(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_strata_filters_in_one_vm_each_decide_by_their_own_rules() {
+    let s = stack().await;
+    let by_key = configuration(&per_key(3), &json!({"stat_prefix": "by_key"}));
+    let by_user = configuration(
+        &json!([{"name": "per-user", "namespace": "e2e-user", "limit": 2, "duration": "1d",
+            "actions": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user"}}]}]),
+        &json!({"stat_prefix": "by_user"}),
+    );
+    let mut e = Envoy::start_with(
+        &common::envoy::Filters::StrataTwice(by_key, by_user),
+        s.upstream.port(),
+        Some(port_of(s.gateway())),
+    );
+    e.ready(&s.http).await;
+    let mut statuses = Vec::new();
+    // One user, a new key each time: the second filter's limit of 2 denies the third.
+    for key in ["a", "b", "c"] {
+        statuses.push(
+            get(&s.http, &e.base, &[("x-api-key", key), ("x-user", "u")])
+                .await
+                .0,
+        );
+    }
+    // One key, a new user each time: the first filter's limit of 3 denies the fourth.
+    for user in ["v", "w", "x", "y"] {
+        statuses.push(
+            get(&s.http, &e.base, &[("x-api-key", "k"), ("x-user", user)])
+                .await
+                .0,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429, 200, 200, 200, 429], "{}", e.log());
+    assert_eq!(e.stat(&s.http, "by_user.enforced").await, 1);
+    assert_eq!(e.stat(&s.http, "by_key.enforced").await, 1);
 }

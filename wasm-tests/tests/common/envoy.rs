@@ -86,11 +86,42 @@ fn cluster(name: &str, port: Option<u16>) -> String {
     )
 }
 
+/// A Strata filter configured with `configuration`, under its own root context if `root_id`.
+fn strata(configuration: &str, wasm: &std::path::Path, root_id: Option<&str>) -> String {
+    format!(
+        r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: strata
+                root_id: "{root_id}"
+                # A VM that failed is rebuilt for the next request, rather than failing its
+                # worker's requests from then on.
+                failure_policy: FAIL_RELOAD
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{config}'
+                vm_config:
+                  vm_id: strata
+                  runtime: envoy.wasm.runtime.v8
+                  code:
+                    local:
+                      filename: {wasm}
+"#,
+        root_id = root_id.unwrap_or_default(),
+        config = configuration.replace('\'', "''"),
+        wasm = wasm.display()
+    )
+}
+
 /// The HTTP filters of a listener: one filter (YAML at the list's indentation) then the router.
 #[derive(Debug)]
 pub enum Filters {
     /// The Strata filter, configured with this JSON.
     Strata(String),
+    /// Two Strata filters one after the other, configured with these, in the same VM (one
+    /// `vm_id` and code, two root contexts).
+    StrataTwice(String, String),
     /// Only the router.
     None,
     /// Envoy's own `local_ratelimit` on the `x-api-key` descriptor: `tokens` a `fill` period.
@@ -108,28 +139,10 @@ pub enum Filters {
 impl Filters {
     fn yaml(&self, wasm: &std::path::Path) -> String {
         match self {
-            Filters::Strata(configuration) => format!(
-                r#"          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: strata
-                # A VM that failed is rebuilt for the next request, rather than failing its
-                # worker's requests from then on.
-                failure_policy: FAIL_RELOAD
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{config}'
-                vm_config:
-                  vm_id: strata
-                  runtime: envoy.wasm.runtime.v8
-                  code:
-                    local:
-                      filename: {wasm}
-"#,
-                config = configuration.replace('\'', "''"),
-                wasm = wasm.display()
-            ),
+            Filters::Strata(configuration) => strata(configuration, wasm, None),
+            Filters::StrataTwice(first, second) => {
+                strata(first, wasm, Some("first")) + &strata(second, wasm, Some("second"))
+            }
             Filters::None => String::new(),
             Filters::Ratelimit {
                 domain,

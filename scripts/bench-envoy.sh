@@ -12,19 +12,25 @@
 # FILTER_CONFIG adds settings to the Strata filters' configuration (`'"shared_slots": 0,'`,
 # `'"headers_on_pass": false,'`: what a part costs); BASELINE_CONFIG gives the baseline other
 # settings (alone: the current build with them, e.g. `'"failure_mode": "deny",'`). Before the rounds, each Envoy's resident
-# memory after start and its CPU over 5 s idle.
+# memory after start and its CPU over 5 s idle. PIN=1 runs every Envoy on CPU 0 and wrk and the
+# gateway on CPU 1 (ENVOY_CPUS and LOAD_CPUS for other sets): on a 2-core machine the load
+# generator otherwise takes turns with Envoy, and rounds of one build vary by a third.
 #
 #   ./scripts/build-envoy.sh && cargo build --release -p strata-gateway
 #   scripts/bench-envoy.sh                             # 3 rounds of 5 s, 10,000 keys
 #   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-envoy.sh
 #   BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
 #   BASELINE_CONFIG='"failure_mode": "deny",' scripts/bench-envoy.sh
+#   PIN=1 ROUNDS=10 DURATION=3 WARM="baseline strata" BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata/target}"
 ROUNDS=${ROUNDS:-3}
+if [ "${PIN:-}" = 1 ]; then
+  export ENVOY_CPUS=${ENVOY_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1}
+fi
 DURATION=${DURATION:-5}
 KEYS=${KEYS:-10000}
 ZIPF_S=${ZIPF_S:-1.1}
@@ -44,7 +50,8 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT INT TERM
 
 gw_port=$(free_port)
-"$gateway" --listen "127.0.0.1:$gw_port" --data-dir "$work/gw" >"$work/gateway.log" 2>&1 &
+${LOAD_CPUS:+taskset -c "$LOAD_CPUS"} "$gateway" --listen "127.0.0.1:$gw_port" --data-dir "$work/gw" \
+  >"$work/gateway.log" 2>&1 &
 pids+=($!)
 wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
 
@@ -108,6 +115,8 @@ if [ -n "$baseline_wasm" ]; then
   envoy_config baseline "$baseline_wasm" "$baseline_config"
   names+=(baseline)
 fi
+# WARM="baseline strata" runs only these in the warm part, in this order (ratios to the first).
+[ -n "${WARM:-}" ] && read -r -a names <<<"$WARM"
 declare -A port admin
 for n in "${names[@]}"; do start "$n" 1; port[$n]=$PORT; admin[$n]=$ADMIN; done
 # idle NAME... : each Envoy's resident memory now and its CPU over the next 5 s.
@@ -126,7 +135,7 @@ idle() {
 }
 echo "Each Envoy after start:"
 idle "${names[@]}"
-echo "Warm key, --concurrency 1, wrk -t1 -c32 -d${DURATION}s; ratio to no Wasm filter in the same round:"
+echo "Warm key, --concurrency 1, wrk -t1 -c32 -d${DURATION}s; ratio to the first (no Wasm filter unless WARM says) in the same round:"
 contenders=()
 for n in "${names[@]}"; do contenders+=("$n=${port[$n]}"); done
 ratio_rounds "$ROUNDS" warm "${contenders[@]}"

@@ -32,7 +32,8 @@ _envoy_base_id=$((RANDOM % 1000 + 100))
 start_envoy() {
   local bin=$1 config=$2 concurrency=$3 port=$4 log=$5 _
   _envoy_base_id=$((_envoy_base_id + 1))
-  "$bin" -c "$config" --concurrency "$concurrency" --base-id "$_envoy_base_id" >"$log" 2>&1 &
+  ${ENVOY_CPUS:+taskset -c "$ENVOY_CPUS"} "$bin" -c "$config" --concurrency "$concurrency" \
+    --base-id "$_envoy_base_id" >"$log" 2>&1 &
   ENVOY_PID=$!
   pids+=("$ENVOY_PID")
   wait_port "$port" || { cat "$log"; exit 1; }
@@ -67,7 +68,8 @@ require_built() {
 wrk_line() {
   local connections=$1 seconds=$2 port=$3
   shift 3
-  wrk -t1 -c"$connections" -d"${seconds}s" --latency "$@" "http://127.0.0.1:$port/" |
+  ${LOAD_CPUS:+taskset -c "$LOAD_CPUS"} wrk -t1 -c"$connections" -d"${seconds}s" --latency "$@" \
+    "http://127.0.0.1:$port/" |
     awk '/^ +50%/{p50=$2} /^ +99%/{p99=$2} /^Requests\/sec/{rps=$2} END{printf "%9.0f req/s  p50 %8s  p99 %8s", rps, p50, p99}'
 }
 

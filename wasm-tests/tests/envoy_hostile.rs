@@ -4,7 +4,8 @@
 //! many headers, against rules that read those headers. No 5xx, no VM failure in Envoy's own
 //! wasm stats, and a normal request after each batch is limited exactly. And when a VM does
 //! fail (a test build traps on purpose), a request it held paused is answered within the
-//! connection manager's `request_timeout`, not left hanging.
+//! connection manager's `request_timeout`, not left hanging. The built module crosses the
+//! boundary only where it must: the stream callbacks it needs, host calls and WASI.
 //!
 //! The requests come from `common::hostile` (its settings: `STRATA_FUZZ_REQUESTS`,
 //! `STRATA_FUZZ_SEED`).
@@ -242,4 +243,99 @@ async fn what_a_failed_vm_admitted_from_its_lease_reaches_the_gateway() {
         "the gateway holds the failed VM's local passes\n{}",
         e.log()
     );
+}
+
+/// The names a module imports (`module.name`) and exports, read from its import and export
+/// sections.
+fn boundary(wasm: &[u8]) -> (Vec<String>, Vec<String>) {
+    fn leb(b: &[u8], i: &mut usize) -> usize {
+        let (mut n, mut shift) = (0_usize, 0);
+        loop {
+            let byte = b[*i];
+            *i += 1;
+            n |= usize::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte < 0x80 {
+                return n;
+            }
+        }
+    }
+    fn name(b: &[u8], i: &mut usize) -> String {
+        let len = leb(b, i);
+        *i += len;
+        String::from_utf8(b[*i - len..*i].to_vec()).unwrap()
+    }
+    let (mut imports, mut exports) = (Vec::new(), Vec::new());
+    let mut i = 8; // magic and version
+    while i < wasm.len() {
+        let id = wasm[i];
+        i += 1;
+        let size = leb(wasm, &mut i);
+        let (mut j, end) = (i, i + size);
+        match id {
+            2 => {
+                for _ in 0..leb(wasm, &mut j) {
+                    let module = name(wasm, &mut j);
+                    let field = name(wasm, &mut j);
+                    assert_eq!(wasm[j], 0, "{module}.{field}: only functions are imported");
+                    j += 1;
+                    leb(wasm, &mut j);
+                    imports.push(format!("{module}.{field}"));
+                }
+            }
+            7 => {
+                for _ in 0..leb(wasm, &mut j) {
+                    exports.push(name(wasm, &mut j));
+                    j += 1;
+                    leb(wasm, &mut j);
+                }
+            }
+            _ => {}
+        }
+        i = end;
+    }
+    (imports, exports)
+}
+
+/// Envoy enters a filter for every stream callback it exports, and each entry crosses V8's C
+/// API: the module exports the four a stream needs and no SDK's others (`proxy_on_log`,
+/// `proxy_on_done`, the body and trailer callbacks), and imports only host calls and WASI.
+#[test]
+fn the_module_exports_the_callbacks_it_needs_and_imports_only_the_abi() {
+    for wasm in [common::envoy::filter(), faulty_filter()] {
+        let (imports, exports) = boundary(&std::fs::read(&wasm).unwrap());
+        let mut stream: Vec<&str> = exports
+            .iter()
+            .map(String::as_str)
+            .filter(|e| {
+                e.starts_with("proxy_on_")
+                    && ![
+                        "proxy_on_memory_allocate",
+                        "proxy_on_vm_start",
+                        "proxy_on_configure",
+                        "proxy_on_tick",
+                        "proxy_on_queue_ready",
+                        "proxy_on_http_call_response",
+                    ]
+                    .contains(e)
+            })
+            .collect();
+        stream.sort_unstable();
+        assert_eq!(
+            stream,
+            [
+                "proxy_on_context_create",
+                "proxy_on_delete",
+                "proxy_on_request_headers",
+                "proxy_on_response_headers"
+            ],
+            "{}",
+            wasm.display()
+        );
+        let foreign: Vec<&String> = imports
+            .iter()
+            .filter(|i| !i.starts_with("env.proxy_") && !i.starts_with("wasi_snapshot_preview1."))
+            .collect();
+        assert!(foreign.is_empty(), "{foreign:?}");
+    }
 }

@@ -25,8 +25,10 @@ fn five_burst_through(shell: &str) {
     // The gateway-API run's bound (quick.rs); measured 1.00 through both shells.
     assert!(number(&f, "worst_window") <= 1.05, "{f}");
     assert!(number(&f, "admitted_over_allowed") >= 0.95, "{f}");
-    // The shells decided at the gateway: their calls are its origin calls.
+    // The shells decided at the gateway: their calls are its origin calls; none timed out
+    // into the failure mode (which decides from memory, past the limit).
     assert!(number(&f, "origin_calls_per_1000") > 0.0, "{f}");
+    assert_eq!(number(&f["decided_per_1000_by"], "fallback"), 0.0, "{f}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

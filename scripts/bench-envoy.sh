@@ -92,15 +92,28 @@ PY
 
 # start NAME CONCURRENCY : starts the config's Envoy; sets PORT and ADMIN, and its pid in
 # pid[NAME].
-declare -A pid
+declare -A pid pid_at
 start() {
   read -r PORT ADMIN <"$work/$1.ports"
   start_envoy "$envoy" "$work/$1.yaml" "$2" "$PORT" "$work/$1.log"
   pid[$1]=$ENVOY_PID
+  pid_at[$PORT]=$ENVOY_PID
 }
 
-# load PORT [wrk args...] : requests/s, p50 and p99.
-load() { wrk_line 32 "$DURATION" "$@"; }
+# ticks PID : the process's user and system CPU so far, in clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# load PORT [wrk args...] : requests/s, p50, p99, and the CPU the Envoy on PORT spent per
+# request (all its threads): steadier than requests/s where the load generator and other
+# processes take turns on the same cores.
+load() {
+  local t0 line rps
+  t0=$(ticks "${pid_at[$1]}")
+  line=$(wrk_line 32 "$DURATION" "$@")
+  rps=$(awk '{print $1}' <<<"$line")
+  printf "%s  CPU %6.1f us/req" "$line" \
+    "$(echo "($(ticks "${pid_at[$1]}") - $t0) * 1000000 / $(getconf CLK_TCK) / ($rps * $DURATION + 1)" | bc -l)"
+}
 warm() { load "$1" -H "x-api-key: warm"; }
 
 names=(none local noop strata)
@@ -122,14 +135,13 @@ for n in "${names[@]}"; do start "$n" 1; port[$n]=$PORT; admin[$n]=$ADMIN; done
 # idle NAME... : each Envoy's resident memory now and its CPU over the next 5 s.
 idle() {
   local n cpu0=()
-  ticks() { awk '{print $14 + $15}' "/proc/${pid[$1]}/stat"; }
-  for n in "$@"; do cpu0+=("$(ticks "$n")"); done
+  for n in "$@"; do cpu0+=("$(ticks "${pid[$n]}")"); done
   sleep 5
   local i=0
   for n in "$@"; do
     printf "  %-12s resident %6d kB, idle CPU %4d ms in 5 s\n" "$n" \
       "$(awk '/VmRSS/ {print $2}' "/proc/${pid[$n]}/status")" \
-      "$(( ($(ticks "$n") - ${cpu0[$i]}) * 1000 / $(getconf CLK_TCK) ))"
+      "$(( ($(ticks "${pid[$n]}") - ${cpu0[$i]}) * 1000 / $(getconf CLK_TCK) ))"
     i=$((i + 1))
   done
 }

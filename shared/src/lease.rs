@@ -43,13 +43,16 @@ pub struct LeaseState {
 impl LeaseState {
     /// The lease to ask for, beyond the request's own cost: for a key new to this process,
     /// the whole limit (the origin's grant rule decides how much of it is safe to lend: a key
-    /// with a few requests then costs one round trip, not one per doubling); twice the last
-    /// grant when a lease ran out; the last grant again when one expired, or when one ran out
-    /// after a recent denial (strict: no growth near the limit).
+    /// with a few requests then costs one round trip, not one per doubling), and the same
+    /// while it holds no grant on the key (its passes went ahead and replays answered them,
+    /// or the last answer lent nothing): not 2, 4, 8... one round trip each;
+    /// twice the last grant when a lease ran out; the last grant again when one expired, or
+    /// when one ran out after a recent denial (strict: no growth near the limit).
     pub fn want(&self, reason: Reason, cost: u64, limit: u64) -> u64 {
         let base = self.last_grant.max(cost).max(1);
         let want = match reason {
             Reason::Cold => limit,
+            Reason::Lease | Reason::Stale if self.last_grant == 0 => limit,
             Reason::Lease => base.saturating_mul(2),
             Reason::Stale | Reason::Strict => base,
         };
@@ -130,8 +133,16 @@ mod tests {
             100,
             "a new key asks for what it can get"
         );
-        assert_eq!(l.want(Reason::Stale, 1, 100), 1);
+        for reason in [Reason::Stale, Reason::Lease] {
+            assert_eq!(
+                l.want(reason, 1, 100),
+                100,
+                "no grant held (passes went ahead): as a new key"
+            );
+        }
+        assert_eq!(l.want(Reason::Strict, 1, 100), 1, "strict: no growth");
         l.granted(1);
+        assert_eq!(l.want(Reason::Stale, 1, 100), 1);
         assert_eq!(l.want(Reason::Lease, 1, 100), 2);
         l.granted(40);
         assert_eq!(l.want(Reason::Lease, 1, 100), 80);

@@ -43,16 +43,17 @@ pub struct LeaseState {
 impl LeaseState {
     /// The lease to ask for, beyond the request's own cost: for a key new to this process,
     /// the whole limit (the origin's grant rule decides how much of it is safe to lend: a key
-    /// with a few requests then costs one round trip, not one per doubling), and the same
-    /// while it holds no grant on the key (its passes went ahead and replays answered them,
-    /// or the last answer lent nothing): not 2, 4, 8... one round trip each;
+    /// with a few requests then costs one round trip, not one per doubling), and the same for
+    /// a key `far` from its limit (at least half of it left in the view) on which it holds no
+    /// grant (its passes went ahead and replays answered them): not 2, 4, 8... one round trip
+    /// each (near the limit the small start stays: a large ask there reserves what others need);
     /// twice the last grant when a lease ran out; the last grant again when one expired, or
     /// when one ran out after a recent denial (strict: no growth near the limit).
-    pub fn want(&self, reason: Reason, cost: u64, limit: u64) -> u64 {
+    pub fn want(&self, reason: Reason, cost: u64, limit: u64, far: bool) -> u64 {
         let base = self.last_grant.max(cost).max(1);
         let want = match reason {
             Reason::Cold => limit,
-            Reason::Lease | Reason::Stale if self.last_grant == 0 => limit,
+            Reason::Lease | Reason::Stale if far && self.last_grant == 0 => limit,
             Reason::Lease => base.saturating_mul(2),
             Reason::Stale | Reason::Strict => base,
         };
@@ -129,27 +130,33 @@ mod tests {
     fn leases_grow_by_doubling_and_stop_while_strict() {
         let mut l = LeaseState::default();
         assert_eq!(
-            l.want(Reason::Cold, 1, 100),
+            l.want(Reason::Cold, 1, 100, false),
             100,
             "a new key asks for what it can get"
         );
         for reason in [Reason::Stale, Reason::Lease] {
             assert_eq!(
-                l.want(reason, 1, 100),
+                l.want(reason, 1, 100, true),
                 100,
-                "no grant held (passes went ahead): as a new key"
+                "no grant held (passes went ahead), far from the limit: as a new key"
             );
         }
-        assert_eq!(l.want(Reason::Strict, 1, 100), 1, "strict: no growth");
+        assert_eq!(l.want(Reason::Stale, 1, 100, false), 1, "near it: small");
+        assert_eq!(l.want(Reason::Lease, 1, 100, false), 2, "near it: doubling");
+        assert_eq!(l.want(Reason::Strict, 1, 100, true), 1, "strict: no growth");
         l.granted(1);
-        assert_eq!(l.want(Reason::Stale, 1, 100), 1);
-        assert_eq!(l.want(Reason::Lease, 1, 100), 2);
+        assert_eq!(l.want(Reason::Stale, 1, 100, false), 1);
+        assert_eq!(l.want(Reason::Lease, 1, 100, false), 2);
         l.granted(40);
-        assert_eq!(l.want(Reason::Lease, 1, 100), 80);
-        assert_eq!(l.want(Reason::Lease, 1, 50), 50, "never above the limit");
-        assert_eq!(l.want(Reason::Stale, 1, 100), 40);
+        assert_eq!(l.want(Reason::Lease, 1, 100, false), 80);
         assert_eq!(
-            l.want(Reason::Strict, 1, 100),
+            l.want(Reason::Lease, 1, 50, false),
+            50,
+            "never above the limit"
+        );
+        assert_eq!(l.want(Reason::Stale, 1, 100, false), 40);
+        assert_eq!(
+            l.want(Reason::Strict, 1, 100, false),
             40,
             "no growth after a denial"
         );

@@ -124,7 +124,9 @@ impl WindowState {
             reason,
             release: self.current.lease_id,
             used: [self.current.own, self.previous.own],
-            want: self.lease.want(reason, cost, limit),
+            want: self
+                .lease
+                .want(reason, cost, limit, local.remaining >= limit / 2),
             call: 0,
             undo_from: self.current.uncertain_from,
         })

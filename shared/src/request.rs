@@ -356,7 +356,7 @@ fn covered_plan<S: States>(
             (
                 s.sequence(),
                 [s.current().own(), s.previous().own()],
-                s.lease().want(Reason::Stale, l.cost, l.limit),
+                s.lease().want(Reason::Stale, l.cost, l.limit, false),
                 s.current().lease_id(),
                 s.current().uncertain_from(),
             )

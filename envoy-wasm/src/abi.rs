@@ -35,8 +35,20 @@ pub enum Buffer {
 pub struct Status(pub u32);
 
 impl Status {
+    /// There is nothing to take (a shared queue).
+    pub const EMPTY: Status = Status(7);
     /// The key's value changed since it was read (shared data).
     pub const CAS_MISMATCH: Status = Status(8);
+}
+
+/// A log line's level (`proxy_log`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Level {
+    /// Info.
+    Info = 2,
+    /// Warning.
+    Warn = 3,
 }
 
 impl core::fmt::Display for Status {

@@ -69,7 +69,7 @@ mod envoy {
     use std::time::Duration;
 
     use crate::abi::calls;
-    use crate::abi::{Buffer, Map, Status};
+    use crate::abi::{Buffer, Level, Map, Status};
 
     use super::{Envoy, Host, SetError};
 
@@ -78,7 +78,7 @@ mod envoy {
             calls::now_nanos().map_or(0, |n| n / 1_000_000)
         }
         fn log(&self, warn: bool, message: &str) {
-            calls::log(if warn { 3 } else { 2 }, message);
+            calls::log(if warn { Level::Warn } else { Level::Info }, message);
         }
         fn request_header(&self, name: &str) -> Option<Vec<u8>> {
             calls::header(Map::RequestHeaders, name).ok().flatten()

@@ -60,8 +60,12 @@ mod glue {
             }
         }
 
+        fn plugin(&mut self, root: u32) -> Option<&mut Plugin> {
+            self.list.iter_mut().find(|p| p.root == root)
+        }
+
         fn vm(&mut self, root: u32) -> Option<&mut Vm> {
-            self.list.iter_mut().find(|p| p.root == root)?.vm.as_mut()
+            self.plugin(root)?.vm.as_mut()
         }
     }
 
@@ -156,7 +160,7 @@ mod glue {
             let Ok(mut plugins) = plugins.try_borrow_mut() else {
                 return 0;
             };
-            match plugins.list.iter_mut().find(|p| p.root == root) {
+            match plugins.plugin(root) {
                 Some(plugin) => {
                     plugin.vm = Some(vm);
                     1
@@ -210,14 +214,20 @@ mod glue {
     /// requests that joined it. A root context going away takes its plugin with it.
     #[unsafe(no_mangle)]
     extern "C" fn proxy_on_delete(context: u32) {
-        on_stream(context, |vm| vm.on_done(context));
-        PLUGINS.with(|plugins| {
-            let Ok(mut plugins) = plugins.try_borrow_mut() else {
-                return;
-            };
-            plugins.streams.remove(&context);
+        let root = PLUGINS.with(|plugins| {
+            let mut plugins = plugins.try_borrow_mut().ok()?;
+            let before = plugins.list.len();
             plugins.list.retain(|p| p.root != context);
+            if plugins.list.len() < before {
+                return None; // a root context: its plugin went with it
+            }
+            let root = plugins.root_of(context);
+            plugins.streams.remove(&context);
+            root
         });
+        if let Some(root) = root {
+            on_root(root, context, |vm| vm.on_done(context));
+        }
     }
 
     /// A test build's deliberate VM failure (feature `fault-injection`, never in a release).

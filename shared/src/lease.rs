@@ -33,6 +33,13 @@ pub const LEASE_GRACE_MS: u64 = 1_000;
 /// back from other processes.
 pub const LEASE_IDLE_MS: u64 = 1_000;
 
+/// Whether a view that leaves `remaining` of `limit` is far from it (at least half left): a
+/// pass may go ahead of the origin's answer there, and a process with no grant asks for the
+/// limit.
+pub const fn leaves_half(remaining: u64, limit: u64) -> bool {
+    remaining >= limit / 2
+}
+
 /// A process's lease history on one window key: what it was granted last, so the next ask
 /// grows with demand (8 bytes, carried across windows like a rate).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

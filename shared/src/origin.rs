@@ -6,7 +6,7 @@
 
 use crate::cell::WindowState;
 use crate::decision::{Counts, Decision};
-use crate::lease::LEASE_IDLE_MS;
+use crate::lease::{self, LEASE_IDLE_MS};
 use crate::window::WindowDuration;
 
 pub use crate::policy::{DEFAULT_LEASE_MS, DEFAULT_READ_RETRY_MS, OriginPolicy, Reason};
@@ -124,9 +124,12 @@ impl WindowState {
             reason,
             release: self.current.lease_id,
             used: [self.current.own, self.previous.own],
-            want: self
-                .lease
-                .want(reason, cost, limit, local.remaining >= limit / 2),
+            want: self.lease.want(
+                reason,
+                cost,
+                limit,
+                lease::leaves_half(local.remaining, limit),
+            ),
             call: 0,
             undo_from: self.current.uncertain_from,
         })

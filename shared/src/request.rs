@@ -24,6 +24,7 @@ use core::fmt;
 use crate::cell::WindowState;
 use crate::decision::{Decision, LimitCheck, MultiDecision, decide_all};
 use crate::identity::WindowKey;
+use crate::lease;
 use crate::limit::LimitRequest;
 use crate::origin::{OriginAnswer, OriginPlan, OriginPolicy, Reason, Verdict};
 use crate::policy::AHEAD_LIMIT_PER_COST;
@@ -339,7 +340,7 @@ fn ahead<S: States>(
             let far = l.cost > 0 && l.cost.saturating_mul(AHEAD_LIMIT_PER_COST) <= l.limit;
             unknown && far && c.unacked() == 0 && {
                 let view = s.check(l.key.duration(), l.limit, l.cost);
-                view.decide_in(s.sequence(), now_ms, 0).remaining >= l.limit / 2
+                lease::leaves_half(view.decide_in(s.sequence(), now_ms, 0).remaining, l.limit)
             }
         })
 }

@@ -4,7 +4,7 @@
 use core::mem::MaybeUninit;
 use core::ptr::{null, null_mut};
 
-use super::{Buffer, Map, Status, encode_map};
+use super::{Buffer, Level, Map, Status, encode_map};
 
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
@@ -123,10 +123,10 @@ fn fetch(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Ve
     }
 }
 
-/// Writes a log line at `level` (2: info, 3: warning).
-pub fn log(level: u32, message: &str) {
+/// Writes a log line.
+pub fn log(level: Level, message: &str) {
     // SAFETY: a pointer and length of a live string, read by the host during the call.
-    unsafe { proxy_log(level, message.as_ptr(), message.len()) };
+    unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
 }
 
 /// The host's clock, in Unix nanoseconds.
@@ -276,7 +276,7 @@ pub fn enqueue(queue: u32, item: &[u8]) -> Result<(), Status> {
 pub fn dequeue(queue: u32) -> Result<Option<Vec<u8>>, Status> {
     // SAFETY: the host writes a pointer and a size into the locals `fetch` passes.
     match fetch(|data, size| unsafe { proxy_dequeue_shared_queue(queue, data, size) }) {
-        Err(Status(7)) => Ok(None), // Empty
+        Err(Status::EMPTY) => Ok(None),
         other => other,
     }
 }

@@ -357,6 +357,8 @@ fn covered_plan<S: States>(
             (
                 s.sequence(),
                 [s.current().own(), s.previous().own()],
+                // Covered: the process holds a grant here, so how far the limit is does not
+                // change the ask (only a process with none asks for the limit).
                 s.lease().want(Reason::Stale, l.cost, l.limit, false),
                 s.current().lease_id(),
                 s.current().uncertain_from(),

@@ -7,7 +7,8 @@
 //! rows with the origin up: `REQUESTS` requests at once on a cold key make one decision call
 //! ([`one_call`]), and what a process admitted while the origin was down reaches it once it
 //! is back, with no request to carry it ([`replayed_after_outage`]), and a cold key far from
-//! its limit passes with no decision call, the replay bringing it ([`replayed_not_decided`]).
+//! its limit passes with no decision call, the replay bringing it, and once in demand costs
+//! one decision ([`replayed_not_decided`]).
 //! With the origin down, a
 //! cold key far from its limit ([`BURST_LIMIT`]) is answered ahead of the origin where the
 //! mode decides from memory ([`AHEAD`]). One with the origin late:
@@ -242,9 +243,15 @@ where
     answers
 }
 
+/// Requests sent, one after another, on the pass-ahead row's key once its pass is replayed.
+pub const IN_DEMAND: usize = 40;
+
 /// The pass-ahead row, with the origin up: one request on a cold key of limit [`BURST_LIMIT`]
 /// (`send(key)`) is admitted with no decision call (`calls()` unchanged), and its pass
 /// reaches the origin by the replay (`count()`, the origin's count of its cell, becomes 1).
+/// Then the key comes into demand: [`IN_DEMAND`] more requests, one after another, are all
+/// admitted with one decision call. The process holds no grant on the key, which is far from
+/// its limit, so it asks for the limit, not for 2, then 4, 8, 16 (five calls).
 pub async fn replayed_not_decided<S, SFut, C, CFut, R, RFut>(
     runtime: &str,
     key: &str,
@@ -252,7 +259,7 @@ pub async fn replayed_not_decided<S, SFut, C, CFut, R, RFut>(
     calls: C,
     count: R,
 ) where
-    S: FnOnce(String) -> SFut,
+    S: Fn(String) -> SFut,
     SFut: Future<Output = Result<bool, String>>,
     C: Fn() -> CFut,
     CFut: Future<Output = u64>,
@@ -278,6 +285,20 @@ pub async fn replayed_not_decided<S, SFut, C, CFut, R, RFut>(
         calls().await - before,
         0,
         "{runtime}: a pass ahead makes no decision call (the replay carried it)"
+    );
+    let mut admitted = 0;
+    for _ in 0..IN_DEMAND {
+        admitted += usize::from(send(key.to_string()).await == Ok(true));
+    }
+    let made = calls().await - before;
+    println!(
+        "conformance {runtime}: a key whose pass went ahead, then {IN_DEMAND} requests: {made} \
+         decision call(s), {admitted} admitted"
+    );
+    assert_eq!(
+        (made, admitted),
+        (1, IN_DEMAND),
+        "{runtime}: decision calls, admitted, once the key is in demand"
     );
 }
 

@@ -85,12 +85,16 @@ impl Stack {
 
     /// The conformance table's pass-ahead row (`conformance::replayed_not_decided`) through the
     /// shell at `base` (rules `per_key_rules(conformance::BURST_LIMIT)`, the gateway up): a
-    /// cold key's request is admitted with no decision call, and the replay brings it to Redis.
+    /// cold key's request is admitted with no decision call, the replay brings it to Redis,
+    /// and the key in demand then costs one decision call.
     pub async fn pass_ahead_row(&self, runtime: &str, base: &str) {
         let key = format!("far-{}-{}", std::process::id(), now_ms());
         let (at, identifier) = (now_ms(), format!("key={key}"));
         let (http, url) = (self.http.clone(), base.to_string());
-        let send = move |key: String| async move { admitted(&http, &url, &key).await };
+        let send = move |key: String| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { admitted(&http, &url, &key).await }
+        };
         let count = || async {
             self.read_cell("e2e", &identifier, DAY_MS, at)
                 .await

@@ -133,7 +133,7 @@ impl WindowState {
             limit: 0,
             current: CellState::COLD,
             previous: CellState::COLD,
-            lease: LeaseState { last_grant: 0 },
+            lease: LeaseState::from_bits(0),
         }
     }
 
@@ -244,6 +244,26 @@ impl WindowState {
         }
     }
 
+    /// The check a request is decided by at `now_ms` (already rolled to): the cells' counts,
+    /// and for a request beyond its lease in strict mode, one request's cost of freed room left
+    /// to each rival ([`LeaseState::rivals`]). Without it, each process whose view shows a unit
+    /// the window freed asks the origin for it, and all but one of those calls are denied; a
+    /// process that lost to `r` others asks once its view shows room for `r + 1` requests, so
+    /// near the limit most freed units cost one call. Only a lower bound of the region's use
+    /// is raised, so this can deny what an exact limiter admits (at most
+    /// [`crate::lease::max_rivals`] requests' worth of room, 1% of the limit, for as long as
+    /// no other process takes it), never admit more.
+    pub fn view(&self, duration: WindowDuration, limit: u64, cost: u64, now_ms: u64) -> LimitCheck {
+        let mut check = self.check(duration, limit, cost);
+        let c = &self.current;
+        if now_ms < self.strict_until && c.is_warm() && c.own.saturating_add(cost) > c.grant {
+            let held = self.lease.rivals().saturating_mul(cost);
+            let current = &mut check.counts.current.regional;
+            *current = current.saturating_add(held);
+        }
+        check
+    }
+
     /// Records the request's limit (the latest one wins: the publish floor follows it).
     pub fn observe_limit(&mut self, limit: u64) {
         self.limit = limit;
@@ -264,18 +284,25 @@ impl WindowState {
     }
 
     /// The first half of a decision: rolls to `now_ms`, records the request's limit, and
-    /// returns the check to decide. The second half, [`settle`](Self::settle), may wait for
-    /// the other limits of an all-or-nothing request.
+    /// returns the check to decide: the [`view`](Self::view) a request is decided by when the
+    /// origin is there, or the counts alone when the failure mode decides from memory (what
+    /// this process knows, with no room left to rivals). The second half,
+    /// [`settle`](Self::settle), may wait for the other limits of an all-or-nothing request.
     pub fn prepare(
         &mut self,
         duration: WindowDuration,
         limit: u64,
         cost: u64,
         now_ms: u64,
+        from_memory: bool,
     ) -> LimitCheck {
-        self.roll(duration, now_ms);
+        let now_ms = self.roll(duration, now_ms);
         self.observe_limit(limit);
-        self.check(duration, limit, cost)
+        if from_memory {
+            self.check(duration, limit, cost)
+        } else {
+            self.view(duration, limit, cost, now_ms)
+        }
     }
 
     /// The second half: applies a decision made at `now_ms` (see [`apply`](Self::apply)).

@@ -41,11 +41,21 @@ pub const fn leaves_half(remaining: u64, limit: u64) -> bool {
 }
 
 /// A process's lease history on one window key: what it was granted last, so the next ask
-/// grows with demand (8 bytes, carried across windows like a rate).
+/// grows with demand, and how many other processes it lost the key's freed room to (8 bytes,
+/// carried across windows like a rate: the grant in the low 56 bits, saturating, the rivals
+/// in the high 8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeaseState {
-    pub(crate) last_grant: u64,
+    bits: u64,
 }
+
+/// The largest grant [`LeaseState`] records; a larger one is recorded as this (it only sizes
+/// the next ask).
+const GRANT_MAX: u64 = (1 << 56) - 1;
+
+/// At most this many rivals are counted, whatever the limit: each one keeps a request of this
+/// process waiting for one more freed unit.
+pub const MAX_RIVALS: u64 = 7;
 
 impl LeaseState {
     /// The lease to ask for, beyond the request's own cost: for a key new to this process,
@@ -57,10 +67,11 @@ impl LeaseState {
     /// twice the last grant when a lease ran out; the last grant again when one expired, or
     /// when one ran out after a recent denial (strict: no growth near the limit).
     pub fn want(&self, reason: Reason, cost: u64, limit: u64, far: bool) -> u64 {
-        let base = self.last_grant.max(cost).max(1);
+        let last = self.last_grant();
+        let base = last.max(cost).max(1);
         let want = match reason {
             Reason::Cold => limit,
-            Reason::Lease | Reason::Stale if far && self.last_grant == 0 => limit,
+            Reason::Lease | Reason::Stale if far && last == 0 => limit,
             Reason::Lease => base.saturating_mul(2),
             Reason::Stale | Reason::Strict => base,
         };
@@ -69,12 +80,74 @@ impl LeaseState {
 
     /// The size of the last lease granted.
     pub const fn last_grant(&self) -> u64 {
-        self.last_grant
+        self.bits & GRANT_MAX
+    }
+
+    /// How many other processes this one lost the key's freed room to, as it learned from
+    /// the origin's denials of requests its own view passed (see [`Self::lost_race`]).
+    pub const fn rivals(&self) -> u64 {
+        (self.bits >> 56) & 0xf
+    }
+
+    /// Wins in a row that found the room left for the rivals untaken.
+    const fn untaken(&self) -> u64 {
+        self.bits >> 60
+    }
+
+    /// The state as one integer (a snapshot's field).
+    pub const fn to_bits(self) -> u64 {
+        self.bits
+    }
+
+    /// The state [`to_bits`](Self::to_bits) wrote.
+    pub const fn from_bits(bits: u64) -> Self {
+        Self { bits }
     }
 
     pub(crate) fn granted(&mut self, lease: u64) {
-        self.last_grant = lease;
+        self.bits = (self.bits & !GRANT_MAX) | lease.min(GRANT_MAX);
     }
+
+    fn set_rivals(&mut self, rivals: u64, untaken: u64) {
+        self.bits = self.last_grant() | (rivals.min(MAX_RIVALS) << 56) | (untaken.min(0xf) << 60);
+    }
+
+    /// The origin denied a request this process's view passed: another process took the room
+    /// the view saw freed. One more rival (the first of a new strict spell if the last one
+    /// had ended), at most [`max_rivals`] for the limit and cost.
+    pub(crate) fn lost_race(&mut self, strict: bool, limit: u64, cost: u64) {
+        let rivals = if strict { self.rivals() } else { 0 };
+        self.set_rivals(rivals.saturating_add(1).min(max_rivals(limit, cost)), 0);
+    }
+
+    /// The origin passed a request asked in strict mode, leaving `remaining`: when the room
+    /// this process left its rivals was still there [`UNTAKEN_WINS`] times in a row, they
+    /// are taking less than it thinks, so one rival fewer. (With rivals still there, the
+    /// first of several asking for the same room also finds it untaken, but rarely twice.)
+    pub(crate) fn won_race(&mut self, remaining: u64, cost: u64) {
+        let rivals = self.rivals();
+        if rivals == 0 {
+            return;
+        }
+        if remaining < rivals.saturating_mul(cost) {
+            self.set_rivals(rivals, 0);
+        } else if self.untaken() + 1 >= UNTAKEN_WINS {
+            self.set_rivals(rivals - 1, 0);
+        } else {
+            self.set_rivals(rivals, self.untaken() + 1);
+        }
+    }
+}
+
+/// Wins in a row that found the rivals' room untaken before a process counts one rival fewer.
+pub const UNTAKEN_WINS: u64 = 2;
+
+/// How many rivals a process may count at a limit and cost: each leaves one more request's
+/// cost of freed room to the others, and together they leave at most 1% of the limit (at
+/// least one request), so a process whose rivals went quiet waits at most that for room the
+/// others no longer take.
+pub fn max_rivals(limit: u64, cost: u64) -> u64 {
+    (limit / 100 / cost.max(1)).clamp(1, MAX_RIVALS)
 }
 
 /// The share of a limit kept for small leases: within it, a lease is at most
@@ -167,6 +240,44 @@ mod tests {
             40,
             "no growth after a denial"
         );
+    }
+
+    #[test]
+    fn lost_races_count_rivals_within_a_share_of_the_limit_and_untaken_room_forgets_them() {
+        assert_eq!((max_rivals(100, 1), max_rivals(1_000, 1)), (1, MAX_RIVALS));
+        assert_eq!(
+            (max_rivals(1_000, 5), max_rivals(10, 1), max_rivals(5, 0)),
+            (2, 1, 1)
+        );
+        let mut l = LeaseState::default();
+        l.granted(40);
+        for _ in 0..3 {
+            l.lost_race(true, 500, 1);
+        }
+        assert_eq!(
+            (l.rivals(), l.last_grant()),
+            (3, 40),
+            "packed beside the grant"
+        );
+        l.lost_race(true, 500, 1);
+        l.lost_race(true, 500, 1);
+        l.lost_race(true, 500, 1);
+        assert_eq!(l.rivals(), 5, "at most 1% of the limit");
+        l.lost_race(false, 500, 1);
+        assert_eq!(l.rivals(), 1, "a new strict spell starts over");
+        l.lost_race(true, 500, 1);
+        l.won_race(1, 1);
+        assert_eq!(l.rivals(), 2, "their room was taken: they are there");
+        l.won_race(2, 1);
+        assert_eq!(l.rivals(), 2, "untaken once: maybe the first of several");
+        l.won_race(0, 1);
+        l.won_race(5, 1);
+        assert_eq!(l.rivals(), 2, "not twice in a row");
+        l.won_race(5, 1);
+        assert_eq!(l.rivals(), 1, "untaken twice in a row: one fewer");
+        l.granted(u64::MAX);
+        assert_eq!((l.last_grant(), l.rivals()), (GRANT_MAX, 1));
+        assert_eq!(LeaseState::from_bits(l.to_bits()), l);
     }
 
     #[test]

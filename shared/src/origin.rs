@@ -97,7 +97,7 @@ impl WindowState {
         now_ms: u64,
     ) -> Verdict {
         let local = self
-            .check(duration, limit, cost)
+            .view(duration, limit, cost, now_ms)
             .decide_in(self.sequence, now_ms, 0);
         if !local.success {
             return Verdict::Local(local);
@@ -116,7 +116,11 @@ impl WindowState {
             return Verdict::Local(local);
         };
         if now_ms < self.current.read_retry_at {
-            return Verdict::Unreachable(local);
+            // The failure mode decides from the counts alone (nothing left to rivals).
+            let known = self
+                .check(duration, limit, cost)
+                .decide_in(self.sequence, now_ms, 0);
+            return Verdict::Unreachable(known);
         }
         Verdict::Origin(OriginPlan {
             sequence: self.sequence,
@@ -184,9 +188,14 @@ impl WindowState {
             cell.lease_until = cell.lease_until.max(1);
         }
         if answer.denied {
+            // The view passed it: another process took the room this one saw freed.
+            self.lease
+                .lost_race(now_ms < self.strict_until, answer.limit, cost);
             self.strict_until = self
                 .strict_until
                 .max(now_ms.saturating_add(duration.as_ms()));
+        } else if answer.counted && plan.reason == Reason::Strict {
+            self.lease.won_race(answer.remaining, cost);
         }
         let success = answer.counted && !answer.denied;
         let retry_after_ms = if success {
@@ -195,7 +204,7 @@ impl WindowState {
             // On our clock, from what we now know; if clocks disagree and it would pass here,
             // tell the client to try again at once rather than claim it never passes.
             let local =
-                self.check(duration, answer.limit, cost)
+                self.view(duration, answer.limit, cost, now_ms)
                     .decide_in(self.sequence, now_ms, 0);
             if local.success {
                 Some(1)
@@ -399,6 +408,37 @@ mod tests {
             (Reason::Strict, 2),
             "no growth while strict"
         );
+    }
+
+    #[test]
+    fn a_process_that_lost_a_race_asks_once_room_shows_for_it_and_its_rival() {
+        let lost_at = |current: u64| {
+            let mut s = WindowState::new(minute(), T);
+            let p = plan(&s, T);
+            s.apply_decided(minute(), &p, &answer(&p, true, 5, 0), 1, T);
+            let p = plan(&s, T + 1);
+            assert_eq!(p.reason, Reason::Lease, "5 of 10: the view passes");
+            // Another process took the room: the origin denies what the view passed.
+            let d = s.apply_decided(minute(), &p, &answer(&p, false, current, 0), 1, T + 1);
+            assert!(!d.success);
+            assert_eq!(s.lease().rivals(), 1);
+            s
+        };
+        let s = lost_at(9);
+        let d = s
+            .view(minute(), 10, 1, T + 2)
+            .decide_in(s.sequence(), T + 2, 0);
+        assert!(
+            !d.success,
+            "9 of 10 and a rival: its unit is left to the rival"
+        );
+        assert!(
+            s.check(minute(), 10, 1).decide(T + 2, 0).success,
+            "without the rival: a pass"
+        );
+        assert!(matches!(s.classify(minute(), 10, 1, T + 2), Verdict::Local(d) if !d.success));
+        let s = lost_at(8);
+        assert_eq!(plan(&s, T + 2).reason, Reason::Strict, "room for both: ask");
     }
 
     #[test]

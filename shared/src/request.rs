@@ -376,15 +376,35 @@ fn covered_plan<S: States>(
     }
 }
 
-/// Decides every limit from local memory whatever the cells' state, all or nothing, and
-/// applies the result (the fallback, and requests the local view can decide).
+/// Decides every limit by its local view (see [`WindowState::view`]), all or nothing, and
+/// applies the result: requests the local view can decide.
 pub fn decide_locally<S: States>(
     states: &mut S,
     limits: &[LimitRequest<'_>],
     now_ms: u64,
 ) -> MultiDecision {
+    decide_from(states, limits, now_ms, false)
+}
+
+/// Decides every limit from what the process knows (the counts alone, nothing left to
+/// rivals) whatever the cells' state, all or nothing, and applies the result: a failure mode
+/// deciding from memory, or a shell with no origin.
+pub fn decide_from_memory<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    now_ms: u64,
+) -> MultiDecision {
+    decide_from(states, limits, now_ms, true)
+}
+
+fn decide_from<S: States>(
+    states: &mut S,
+    limits: &[LimitRequest<'_>],
+    now_ms: u64,
+    from_memory: bool,
+) -> MultiDecision {
     let mut check = |i: usize, l: &LimitRequest<'_>| match states.state(i) {
-        Some(s) => s.prepare(l.key.duration(), l.limit, l.cost, now_ms),
+        Some(s) => s.prepare(l.key.duration(), l.limit, l.cost, now_ms, from_memory),
         None => LimitCheck {
             counts: crate::decision::WindowCounts::default(),
             duration: l.key.duration(),
@@ -484,7 +504,7 @@ pub fn decide_failed<S: States>(
     // `allow` passes unless the process's own count, as it stands now (other requests may
     // have passed while this one's call was out), proves a limit exceeded: the local view.
     if mode.from_memory() {
-        return decide_locally(states, limits, now_ms);
+        return decide_from_memory(states, limits, now_ms);
     }
     MultiDecision {
         success: false,

@@ -87,7 +87,7 @@ impl WindowState {
             self.sequence,
             self.strict_until,
             self.limit,
-            self.lease.last_grant,
+            self.lease.to_bits(),
         ] {
             put(out, v);
         }
@@ -106,9 +106,7 @@ impl WindowState {
             sequence: r.u64()?,
             strict_until: r.u64()?,
             limit: r.u64()?,
-            lease: LeaseState {
-                last_grant: r.u64()?,
-            },
+            lease: LeaseState::from_bits(r.u64()?),
             current: read_cell(&mut r)?,
             previous: read_cell(&mut r)?,
         })
@@ -181,7 +179,7 @@ mod tests {
         state.current.grant = 12;
         state.current.lease_id = 99;
         state.previous.counts.regional = 41;
-        state.lease.last_grant = 5;
+        state.lease.granted(5);
         state.limit = 100;
         let key = EntryKey {
             namespace: "api",

@@ -331,7 +331,7 @@ impl CounterTable {
         now_ms: u64,
     ) -> Result<MultiDecision, TooManyLimits> {
         let slots = self.slots_for(limits.iter().map(|l| l.key), now_ms)?;
-        let decided = request::decide_locally(&mut self.pinned(&slots), limits, now_ms);
+        let decided = request::decide_from_memory(&mut self.pinned(&slots), limits, now_ms);
         self.unpin(slots);
         Ok(decided)
     }

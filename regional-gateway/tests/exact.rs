@@ -278,8 +278,10 @@ async fn an_attack_at_10x_costs_few_origin_decisions_per_request() {
         at_origin <= gateways * (admitted + windows),
         "{at_origin} origin decisions for {admitted} admissions"
     );
+    // A gateway that lost a freed unit to another leaves the next one to it (rivals): 384
+    // decisions per 1,000 before, 216 with.
     assert!(
-        per_1000 < 500,
+        per_1000 <= 300,
         "{per_1000} origin decisions / 1,000 requests"
     );
 }

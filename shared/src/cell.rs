@@ -251,8 +251,8 @@ impl WindowState {
     /// process that lost to `r` others asks once its view shows room for `r + 1` requests, so
     /// near the limit most freed units cost one call. Only a lower bound of the region's use
     /// is raised, so this can deny what an exact limiter admits (at most
-    /// [`crate::lease::max_rivals`] requests' worth of room, 1% of the limit, for as long as
-    /// no other process takes it), never admit more.
+    /// [`crate::lease::max_rivals`] requests' worth of room, 1% of the limit or one request,
+    /// for as long as no other process takes it), never admit more.
     pub fn view(&self, duration: WindowDuration, limit: u64, cost: u64, now_ms: u64) -> LimitCheck {
         let mut check = self.check(duration, limit, cost);
         let c = &self.current;

@@ -84,7 +84,7 @@ impl LeaseState {
     }
 
     /// How many other processes this one lost the key's freed room to, as it learned from
-    /// the origin's denials of requests its own view passed (see [`Self::lost_race`]).
+    /// the origin's denials of requests its own view passed.
     pub const fn rivals(&self) -> u64 {
         (self.bits >> 56) & 0xf
     }

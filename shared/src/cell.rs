@@ -255,13 +255,22 @@ impl WindowState {
     /// for as long as no other process takes it), never admit more.
     pub fn view(&self, duration: WindowDuration, limit: u64, cost: u64, now_ms: u64) -> LimitCheck {
         let mut check = self.check(duration, limit, cost);
-        let c = &self.current;
-        if now_ms < self.strict_until && c.is_warm() && c.own.saturating_add(cost) > c.grant {
+        if self.current.is_warm() && self.beyond_lease(cost) && self.is_strict(now_ms) {
             let held = self.lease.rivals().saturating_mul(cost);
             let current = &mut check.counts.current.regional;
             *current = current.saturating_add(held);
         }
         check
+    }
+
+    /// Whether `cost` more would pass the current cell's lease ceiling.
+    pub(crate) const fn beyond_lease(&self, cost: u64) -> bool {
+        self.current.own.saturating_add(cost) > self.current.grant
+    }
+
+    /// Whether a recent denial keeps passes beyond the lease at the origin at `now_ms`.
+    pub(crate) const fn is_strict(&self, now_ms: u64) -> bool {
+        now_ms < self.strict_until
     }
 
     /// Records the request's limit (the latest one wins: the publish floor follows it).

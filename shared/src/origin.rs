@@ -104,8 +104,8 @@ impl WindowState {
         }
         let reason = if !self.current.is_warm() {
             Reason::Cold
-        } else if self.current.own.saturating_add(cost) > self.current.grant {
-            if now_ms < self.strict_until {
+        } else if self.beyond_lease(cost) {
+            if self.is_strict(now_ms) {
                 Reason::Strict
             } else {
                 Reason::Lease
@@ -190,7 +190,7 @@ impl WindowState {
         if answer.denied {
             // The view passed it: another process took the room this one saw freed.
             self.lease
-                .lost_race(now_ms < self.strict_until, answer.limit, cost);
+                .lost_race(self.is_strict(now_ms), answer.limit, cost);
             self.strict_until = self
                 .strict_until
                 .max(now_ms.saturating_add(duration.as_ms()));

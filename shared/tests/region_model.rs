@@ -297,26 +297,31 @@ fn a_replay_batch_delivered_twice_counts_once() {
     r.report("replay delivered twice");
 }
 
+/// Whether one exact limiter admits a request at `t`, given what it admitted per window.
+fn exact_pass(per_window: &HashMap<u64, u64>, t: u64, d: WindowDuration, limit: u64) -> bool {
+    let seq = d.sequence(t);
+    let count = |s: u64| per_window.get(&s).copied().unwrap_or(0);
+    let check = strata_core::LimitCheck {
+        counts: strata_core::WindowCounts {
+            current: regional(count(seq)),
+            previous: regional(count(seq - 1)),
+        },
+        duration: d,
+        limit,
+        cost: 1,
+    };
+    check.decide(t, 0).success
+}
+
 /// Where an admission at `t` broke the limit, if one did: the exact limiter's own check
 /// (both fixed windows, the previous one weighted) over everything admitted before it.
 fn first_over_limit(admitted: &[u64], d: WindowDuration, limit: u64) -> Option<u64> {
     let mut per_window: HashMap<u64, u64> = HashMap::new();
     for &t in admitted {
-        let seq = d.sequence(t);
-        let count = |s: u64| per_window.get(&s).copied().unwrap_or(0);
-        let check = strata_core::LimitCheck {
-            counts: strata_core::WindowCounts {
-                current: regional(count(seq)),
-                previous: regional(count(seq - 1)),
-            },
-            duration: d,
-            limit,
-            cost: 1,
-        };
-        if !check.decide(t, 0).success {
+        if !exact_pass(&per_window, t, d, limit) {
             return Some(t);
         }
-        *per_window.entry(seq).or_default() += 1;
+        *per_window.entry(d.sequence(t)).or_default() += 1;
     }
     None
 }
@@ -326,19 +331,8 @@ fn exact_admits(times: &[u64], d: WindowDuration, limit: u64) -> u64 {
     let mut per_window: HashMap<u64, u64> = HashMap::new();
     let mut admitted = 0;
     for &t in times {
-        let seq = d.sequence(t);
-        let count = |s: u64| per_window.get(&s).copied().unwrap_or(0);
-        let check = strata_core::LimitCheck {
-            counts: strata_core::WindowCounts {
-                current: regional(count(seq)),
-                previous: regional(count(seq - 1)),
-            },
-            duration: d,
-            limit,
-            cost: 1,
-        };
-        if check.decide(t, 0).success {
-            *per_window.entry(seq).or_default() += 1;
+        if exact_pass(&per_window, t, d, limit) {
+            *per_window.entry(d.sequence(t)).or_default() += 1;
             admitted += 1;
         }
     }

@@ -18,7 +18,7 @@ use common::envoy::Envoy;
 use common::slow::SlowProxy;
 use common::stack::{
     RENEWING, Stack, admitted, admitted_by, assert_renewed, burst, conformance_rules, get, header,
-    stack, stack_with, steady_use,
+    rivals_rule, stack, stack_with, steady_use,
 };
 use common::upstream::port_of;
 use serde_json::{Value, json};
@@ -186,6 +186,15 @@ async fn a_20x_burst_across_two_envoys_admits_at_most_1_05x() {
         "the gateway is up: no call may fail or be lost"
     );
     s.assert_burst_counted(admitted).await;
+}
+
+/// The rivals row (`Stack::rivals_row`) through two Envoys (two workers each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_over_a_limit_ask_about_once_per_freed_unit() {
+    let s = stack().await;
+    let a = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
+    let b = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
+    s.rivals_row("Envoy", [&a.base, &b.base]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

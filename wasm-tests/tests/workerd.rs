@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::hostile;
 use common::stack::{
     RENEWING, Stack, admitted, admitted_by, assert_renewed, burst, conformance_rules, get, header,
-    now_ms, per_key_rules, stack, stack_with, steady_use,
+    now_ms, per_key_rules, rivals_rule, stack, stack_with, steady_use,
 };
 use common::workerd::Workerd;
 use serde_json::{Value, json};
@@ -93,18 +93,24 @@ async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() 
     assert_eq!(status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_20x_burst_across_two_workerd_processes_admits_at_most_1_05x() {
-    let s = stack().await;
-    let rules = per_key_rules(100);
-    // A generous timeout: this measures the protocol, not a 2-core machine running the client,
-    // two workerd processes, a debug gateway and Redis at once.
-    let mut vars = edge_vars(&s, &rules);
+/// Two workerd processes with `rules`, ready, with a generous call timeout: the tests that use
+/// them measure the protocol, not a 2-core machine running the client, two workerd processes,
+/// a debug gateway and Redis at once (a call timed out there is decided by the failure mode
+/// and undone by the next).
+async fn two_edges(s: &Stack, rules: &str) -> (Workerd, Workerd) {
+    let mut vars = edge_vars(s, rules);
     vars.push(("STRATA_TIMEOUT_MS", "5000"));
     let mut a = Workerd::proxy(&vars);
     let mut b = Workerd::proxy(&vars);
     a.ready().await;
     b.ready().await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20x_burst_across_two_workerd_processes_admits_at_most_1_05x() {
+    let s = stack().await;
+    let (a, b) = two_edges(&s, &per_key_rules(100)).await;
     let bases = [a.base.clone(), b.base.clone()];
     let admitted = burst(&s.http, &bases, 2_000, 32, "burst")
         .await
@@ -117,6 +123,14 @@ async fn a_20x_burst_across_two_workerd_processes_admits_at_most_1_05x() {
          {decides} gateway decisions for 2000 requests"
     );
     s.assert_burst_counted(admitted).await;
+}
+
+/// The rivals row (`Stack::rivals_row`) through two workerd processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workerd_processes_over_a_limit_ask_about_once_per_freed_unit() {
+    let s = stack().await;
+    let (a, b) = two_edges(&s, &json!({"rules": [rivals_rule()]}).to_string()).await;
+    s.rivals_row("workerd", [&a.base, &b.base]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -231,6 +231,61 @@ pub fn conformance_rules() -> Value {
     ])
 }
 
+/// The rivals row's rule: [`RIVALS_LIMIT`] per 2 s per `x-api-key`, namespace `e2e`: a key
+/// over it frees a unit every 100 ms.
+pub fn rivals_rule() -> Value {
+    json!({"name": "rivals", "namespace": "e2e", "limit": RIVALS_LIMIT, "duration": "2s",
+        "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]})
+}
+
+/// The rivals row's limit (see [`rivals_rule`]).
+pub const RIVALS_LIMIT: u64 = 20;
+
+impl Stack {
+    /// The rivals row, as `regional-gateway/tests/exact_processes.rs` runs it on two gateway
+    /// processes: through two processes of a shell (`bases`, rules [`rivals_rule`]), one client
+    /// each keeps one key over its limit for 8 s (a request every 7 ms). Each unit the window
+    /// frees shows in both processes' views at once; a process that lost one to the other
+    /// leaves it the next, so there is about one decision call per admission (two processes
+    /// each asking for every unit made about two). The budget is used and no more.
+    pub async fn rivals_row(&self, runtime: &str, bases: [&str; 2]) {
+        const RUN: Duration = Duration::from_secs(8);
+        let key = format!("rivals-{}-{}", std::process::id(), now_ms());
+        let before = self.decide_calls().await;
+        let clients = bases.map(|base| {
+            let (http, url, key) = (self.http.clone(), base.to_string(), key.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(7));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (started, mut passed) = (Instant::now(), 0_u64);
+                while started.elapsed() < RUN {
+                    tick.tick().await;
+                    passed += u64::from(admitted(&http, &url, &key).await.unwrap());
+                }
+                passed
+            })
+        });
+        let mut passed = 0;
+        for client in clients {
+            passed += client.await.unwrap();
+        }
+        let decides = self.decide_calls().await - before;
+        println!(
+            "{runtime}: two processes over a limit of {RIVALS_LIMIT} per 2 s: {passed} admitted, {decides} decision calls"
+        );
+        // The run touches at most five 2 s windows and fills at least three.
+        assert!(passed <= RIVALS_LIMIT * 5, "{runtime}: {passed} admitted");
+        assert!(
+            passed >= RIVALS_LIMIT * 3,
+            "{runtime}: only {passed} admitted"
+        );
+        assert!(
+            decides as f64 <= 1.5 * passed as f64,
+            "{runtime}: {decides} decision calls for {passed} admissions"
+        );
+    }
+}
+
 /// Unix milliseconds.
 pub fn now_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);

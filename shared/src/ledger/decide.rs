@@ -45,6 +45,9 @@ pub struct DecideLimit<'a> {
     /// them: a floor the origin's count is raised to (an origin that lost its data, or a new
     /// embedded one, counts from what the region already published).
     pub floor: [u64; 2],
+    /// Whether the caller has left the origin's previous cell (its sequence is the origin's,
+    /// or later): its own count there is final, and its lease there admits nothing more.
+    pub left_previous: bool,
 }
 
 impl<'a> DecideLimit<'a> {
@@ -65,6 +68,7 @@ impl<'a> DecideLimit<'a> {
             undo_from: r.undo_from,
             global,
             floor,
+            left_previous: r.sequence.is_some_and(|s| s >= sequence),
         }
     }
 }
@@ -125,6 +129,12 @@ pub fn decide<L: Ledgers + ?Sized>(
             let prev = sequence.saturating_sub(1);
             let mut previous = core::mem::take(ledgers.ledger(key, prev, now_ms));
             previous.merge_own(instance, l.used[1]);
+            if l.left_previous {
+                // Its count there, just merged, is final: a reservation would only hold back
+                // room from the window that weighs it (every process would see room the
+                // origin denies, and ask for it on every request).
+                previous.retire(instance);
+            }
             previous.raise(l.floor[1]);
             let current = ledgers.ledger(key, sequence, now_ms);
             let view = origin_check(

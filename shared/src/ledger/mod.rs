@@ -231,6 +231,14 @@ impl CellLedger {
         }
     }
 
+    /// Drops `instance`'s lease, whatever its id: it left the cell (its clock is in a later
+    /// window), so it admits nothing more under it.
+    pub fn retire(&mut self, instance: &str) {
+        if let Some(h) = self.holder_mut(instance) {
+            h.lease = None;
+        }
+    }
+
     /// Whether a process other than `instance` wrote to the cell: counted a pass, held a
     /// lease, or was denied here ([`contend`](Self::contend)).
     pub fn written_by_others(&self, instance: &str) -> bool {
@@ -401,6 +409,23 @@ mod tests {
             "a later grant's id is still larger than the renewal's"
         );
         assert_eq!(c.renew("a", 2_001, 2_001, 3_000), 0, "expired: not renewed");
+    }
+
+    #[test]
+    fn a_holder_that_left_the_cell_reserves_nothing_there() {
+        let mut c = CellLedger::default();
+        c.merge_own("a", 1);
+        let (_, id) = c.lease("a", 8, 0, 1_000);
+        c.lease("b", 2, 0, 1_000);
+        assert_eq!(c.reserved("b", 10), (8, 2));
+        c.retire("a");
+        assert_eq!(
+            c.reserved("b", 10),
+            (0, 2),
+            "a's lease went, whatever its id"
+        );
+        assert_eq!(c.own("a"), 1, "its count stays");
+        assert!(c.lease("a", 1, 20, 500).1 > id, "ids still grow");
     }
 
     #[test]

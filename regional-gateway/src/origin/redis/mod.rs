@@ -169,7 +169,8 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// long a lease is reserved (ms, on Redis's clock), dry (1: never count), current global,
 /// previous global, the id of the lease given back (0: none), this region's published counts
 /// of the current and previous cells, undo from (0: nothing), this call's id (0: none), how
-/// long a lease may be used (ms).
+/// long a lease may be used (ms), whether the caller left the previous cell (1: its lease
+/// there goes).
 /// Returns {ok, current count, previous count, own count, lease, current reserved,
 /// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
 ///
@@ -251,6 +252,9 @@ local function reserved(i, now)
     local sep = string.find(v, ':', 1, true)
     if i == 1 and holder == inst and drop_own then
       -- given back: reserves nothing
+    elseif i == 2 and holder == inst and ARGV[19] == '1' then
+      -- CellLedger::retire: the caller left the previous cell, so its count there is final
+      del(4, holder)
     elseif tonumber(string.sub(v, sep + 1)) <= now then
       if i == 1 and holder == inst then drop_own = true else del(i + 2, holder) end
     else
@@ -565,6 +569,7 @@ impl RedisOrigin {
                 .arg(l.undo_from)
                 .arg(l.call)
                 .arg(lease_ms)
+                .arg(u8::from(l.left_previous))
                 .invoke_async(conn)
                 .await;
             let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {

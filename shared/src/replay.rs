@@ -150,7 +150,18 @@ impl WindowState {
         if !(idle || holds || unacked(self) > 0) {
             return false;
         }
-        let released = if idle { self.give_back_idle(now_ms) } else { 0 };
+        // The current cell's window is over on this process's clock (no request came since):
+        // its lease admits nothing more, as a request now would roll the state first, so
+        // what is left of it goes back with this pass rather than weigh, reserved, in the
+        // next window's previous term until it expires.
+        let ended = holds && key.duration().sequence(now_ms) > self.sequence();
+        let released = if idle {
+            self.give_back_idle(now_ms)
+        } else if ended {
+            self.release_lease()
+        } else {
+            0
+        };
         let current = self.current();
         let far = self.lease_is_far(now_ms);
         let renew = if renew_within > 0

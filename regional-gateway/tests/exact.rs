@@ -373,19 +373,7 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
     assert!(own >= during, "{own}");
     assert_eq!(counted, vec![own]);
     // The restarted Redis lost the decide script: the call by hash falls back to loading it.
-    let probe = [DecideLimit {
-        key: key(d),
-        limit: 1_000_000,
-        cost: 0,
-        used: [0, 0],
-        want: 0,
-        release: 0,
-        global: [0, 0],
-        floor: [0, 0],
-        call: 0,
-        undo_from: 0,
-        left_previous: true,
-    }];
+    let probe = [plain(key(d), 1_000_000, 0, 0)];
     let answer = limiter
         .origin
         .decide(&limiter.instance, &probe, region.now)
@@ -656,14 +644,10 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
 
 /// A multi-limit request the second limit denies counts nothing and leases nothing, on either
 /// origin: the lease the first limit would have got is not reserved for anyone.
-#[tokio::test]
-async fn a_denied_multi_limit_request_leases_nothing_on_either_origin() {
-    let redis = RedisServer::start();
-    let minute = WindowDuration::from_ms(60_000).unwrap();
-    let a = WindowKeyRef::new("default", "user", "u1", minute).unwrap();
-    let b = WindowKeyRef::new("default", "org", "o1", minute).unwrap();
-    let now = START + 1_000;
-    let limit = |key, limit, cost, want| DecideLimit {
+/// One limit of a call from a caller in the origin's window, with nothing of its own counted
+/// yet, nothing to give back or undo, and no other region's counts.
+fn plain(key: WindowKeyRef<'_>, limit: u64, cost: u64, want: u64) -> DecideLimit<'_> {
+    DecideLimit {
         key,
         limit,
         cost,
@@ -675,7 +659,67 @@ async fn a_denied_multi_limit_request_leases_nothing_on_either_origin() {
         call: 0,
         undo_from: 0,
         left_previous: true,
-    };
+    }
+}
+
+/// A caller alone on a key that uses each lease it is lent, up to the limit: both origins
+/// lend the same, and once what is left is within one small share (5 of 100) each lends all
+/// of it, not half at a time (8 decisions for the 100, where halving took 10).
+#[tokio::test]
+async fn a_lone_caller_is_lent_the_same_last_share_by_both_origins() {
+    let redis = RedisServer::start();
+    let origins = [
+        Origin::Memory(MemoryOrigin::new()),
+        Origin::Redis(RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap()),
+    ]
+    .map(|o| {
+        OriginClient::new(
+            o,
+            Duration::from_secs(5),
+            5_000,
+            Arc::new(Metrics::default()),
+        )
+    });
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let key = WindowKeyRef::new("default", "ns", "alone", minute).unwrap();
+    let (mut own, mut grants) = (0, Vec::new());
+    for step in 0..20_u64 {
+        let limit = DecideLimit {
+            used: [own, 0],
+            ..plain(key, 100, 1, 100)
+        };
+        let now = START + step * 10;
+        let a = origins[0].decide("p", &[limit], now).await.unwrap();
+        let b = origins[1].decide("p", &[limit], now).await.unwrap();
+        let (x, y) = (a.limits[0], b.limits[0]);
+        assert_eq!(
+            (x.decision, x.current, x.used, x.lease),
+            (y.decision, y.current, y.used, y.lease),
+            "step {step}: {a:?} {b:?}"
+        );
+        if !x.decision.success {
+            break;
+        }
+        grants.push(x.lease);
+        own = x.used + x.lease; // every lease used, locally
+    }
+    let admitted = grants.len() as u64 + grants.iter().sum::<u64>();
+    assert_eq!(admitted, 100, "{grants:?}");
+    // 6 left: half of it (3); then 2 left, within the share: both (halving went 1, then 0).
+    assert!(
+        grants.ends_with(&[3, 2]),
+        "the last share in one lease: {grants:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_multi_limit_request_leases_nothing_on_either_origin() {
+    let redis = RedisServer::start();
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let a = WindowKeyRef::new("default", "user", "u1", minute).unwrap();
+    let b = WindowKeyRef::new("default", "org", "o1", minute).unwrap();
+    let now = START + 1_000;
+    let limit = plain;
     let mut leases = Vec::new();
     for origin in [
         client(Origin::Memory(MemoryOrigin::new())),

@@ -163,10 +163,17 @@ pub const SMALL_LEASE_DIVISOR: u64 = 20;
 /// leases on the cell (the caller's included): what was asked, at most half of what lies
 /// above the last quarter of the limit, plus a small share that keeps what can go unused in
 /// that last quarter near 5% of the limit. So a process arriving next always finds room,
-/// and a burst that stops leaves little reserved.
-pub fn grant(want: u64, available: u64, limit: u64, holders: u64) -> u64 {
+/// and a burst that stops leaves little reserved. A caller `alone` on the key (see
+/// [`available`]) whose available room is within one small share gets all of it (up to its
+/// ask): halving that last share cost a lone process paced at its limit a round trip for each
+/// halving, and what it may strand stays within the same 5% of the limit.
+pub fn grant(want: u64, available: u64, limit: u64, holders: u64, alone: bool) -> u64 {
+    let share = limit / SMALL_LEASE_DIVISOR.saturating_mul(holders.max(1));
+    if alone && available <= share {
+        return want.min(available);
+    }
     let zone = limit / EXACT_ZONE_DIVISOR;
-    let small = (limit / SMALL_LEASE_DIVISOR.saturating_mul(holders.max(1))).min(available / 2);
+    let small = share.min(available / 2);
     let above = available.saturating_sub(zone) / 2;
     want.min(above.saturating_add(small))
 }
@@ -282,14 +289,25 @@ mod tests {
 
     #[test]
     fn a_grant_leaves_half_of_what_lies_above_the_last_quarter() {
-        assert_eq!(grant(10, 100, 100, 1), 10);
-        assert_eq!(grant(80, 100, 100, 1), 37 + 5);
-        assert_eq!(grant(80, 20, 100, 1), 5, "the last quarter: small leases");
-        assert_eq!(grant(80, 20, 100, 5), 1, "shared by five holders");
+        assert_eq!(grant(10, 100, 100, 1, false), 10);
+        assert_eq!(grant(80, 100, 100, 1, false), 37 + 5);
         assert_eq!(
-            grant(5, 1, 100, 1),
+            grant(80, 20, 100, 1, false),
+            5,
+            "the last quarter: small leases"
+        );
+        assert_eq!(grant(80, 20, 100, 5, false), 1, "shared by five holders");
+        assert_eq!(
+            grant(5, 1, 100, 1, false),
             0,
             "the last unit is decided at the origin"
         );
+        assert_eq!(
+            grant(80, 20, 100, 1, true),
+            5,
+            "alone, above one small share"
+        );
+        assert_eq!(grant(80, 5, 100, 1, true), 5, "alone, within it: all of it");
+        assert_eq!(grant(3, 5, 100, 1, true), 3, "never more than asked");
     }
 }

@@ -166,17 +166,19 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// A lease is never more than was asked or than is left, and in the last quarter of the
-    /// limit it is a small share split between the holders, so what can go unused there stays
-    /// near 5% of the limit.
+    /// limit it is a small share split between the holders (all of what is left for a caller
+    /// alone, once that is within its share), so what can go unused there stays near 5% of
+    /// the limit.
     #[test]
     fn a_lease_never_exceeds_what_is_left(
         want in 0..2_000_u64,
         limit in 0..1_000_u64,
         left in 0..1_100_u64,
         holders in 0..8_u64,
+        alone in any::<bool>(),
     ) {
         let available = left.min(limit);
-        let lease = strata_core::lease::grant(want, available, limit, holders);
+        let lease = strata_core::lease::grant(want, available, limit, holders, alone);
         prop_assert!(lease <= want && lease <= available, "{lease} of {available} (asked {want})");
         if available <= limit / strata_core::lease::EXACT_ZONE_DIVISOR {
             prop_assert!(lease <= limit / (20 * holders.max(1)), "{lease} in the last quarter");

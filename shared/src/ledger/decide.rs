@@ -171,7 +171,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 current.add(l.cost);
                 let available = lease::available(decision.remaining, view, now_ms, lease_ms);
                 let holders = current.holders(instance, now_ms);
-                let grant = lease::grant(l.want, available, l.limit, holders);
+                let grant = lease::grant(l.want, available, l.limit, holders, view.alone);
                 (granted, lease_id) = current.lease(instance, grant, now_ms, until);
                 current.record(
                     instance,

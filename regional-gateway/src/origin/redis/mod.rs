@@ -336,16 +336,20 @@ if ok == 1 and ARGV[10] ~= '1' then
   -- available to it; a caller alone on the key is also lent the room the previous window's
   -- decay frees before the lease ends (ARGV[18], the lease's lifetime)
   local available = limit - used - cost + mine
-  if cg == 0 and pg == 0 and others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2) then
+  local alone = cg == 0 and pg == 0 and others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2)
+  if alone then
     local p = prev + rp + pg
     local later = math.min(elapsed + tonumber(ARGV[18]), d)
     available = available + muldiv(p, d - elapsed, d) - muldiv(p, d - later, d)
   end
   -- lease::grant: half of what lies above the last part of the limit, plus a small share
   -- (the divisors are the core's, written in when the script is built)
-  local small = math.min(math.floor(limit / (SMALL_LEASE_DIVISOR * holders)), math.floor(available / 2))
+  local share = math.floor(limit / (SMALL_LEASE_DIVISOR * holders))
+  local small = math.min(share, math.floor(available / 2))
   local above = math.floor(math.max(available - math.floor(limit / EXACT_ZONE_DIVISOR), 0) / 2)
   local grant = math.min(tonumber(ARGV[8]), above + small)
+  -- alone, within one small share: all of it
+  if alone and available <= share then grant = math.min(tonumber(ARGV[8]), available) end
   local own = num(1, 'o:' .. inst)
   local ceiling = math.max(own + mine, own + grant)
   if ceiling > own then

@@ -186,6 +186,17 @@ impl WindowState {
             }
             // Never 0 once answered: 0 means cold.
             cell.lease_until = cell.lease_until.max(1);
+        } else if answer.sequence.checked_add(1) == Some(self.sequence)
+            && answer.lease > 0
+            && answer.lease_id > self.previous.lease_id
+        {
+            // Lent on a cell this process's clock left before the answer came: it passes
+            // nothing there, so the lease is held only to go back with the next replay
+            // (`take_replay_events`); kept unnamed, the origin would reserve it until it
+            // expired.
+            let cell = &mut self.previous;
+            cell.lease_id = answer.lease_id;
+            cell.grant = answer.used.saturating_add(answer.lease);
         }
         if answer.denied {
             // The view passed it: another process took the room this one saw freed.

@@ -147,9 +147,17 @@ impl WindowState {
     ) -> bool {
         let idle = self.idle_lease(now_ms);
         let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
-        if !(idle || holds || unacked(self) > 0) {
+        // A lease lent on the previous cell after this process left it (`apply_decided`).
+        let left_behind = self.previous.lease_left() > 0;
+        if !(idle || holds || left_behind || unacked(self) > 0) {
             return false;
         }
+        let previous_release = if left_behind {
+            self.previous.grant = self.previous.own;
+            self.previous.lease_id
+        } else {
+            0
+        };
         // The current cell's window is over on this process's clock (no request came since):
         // its lease admits nothing more, as a request now would roll the state first, so
         // what is left of it goes back with this pass rather than weigh, reserved, in the
@@ -182,7 +190,7 @@ impl WindowState {
             let (release, renew) = if sequence == self.sequence() {
                 (released, renew)
             } else {
-                (0, 0)
+                (previous_release, 0)
             };
             if wait && sequence == self.sequence() {
                 continue;

@@ -445,6 +445,38 @@ fn a_lease_lent_as_a_window_ends_holds_nothing_back_once_its_holder_moved_on() {
     }
 }
 
+/// An answer merged after its process's clock left the window it was decided in (a slow
+/// call at a window's end) lends a lease the process cannot use there: it is held only to go
+/// back with the next replay, so the origin stops reserving it. Before, it held no cell at
+/// all, and the origin reserved it until it expired (a loaded gateway's quiet key kept the
+/// next window's other processes asking on every request).
+#[test]
+fn a_lease_whose_answer_comes_after_its_window_goes_back_with_the_next_replay() {
+    let mut r = Region::new(2, 20, T0);
+    let end = T0 + 60 * SECOND;
+    let key = r.key.clone();
+    let sequence = key.duration().sequence(end - 5);
+    let call = r
+        .begin(0, end - 5)
+        .expect_err("cold: decided at the origin");
+    let response = r.origin.decide(&call.to_wire("p0"), end - 5);
+    let answers = call.answers(&response).unwrap();
+    let p = &mut r.procs[0];
+    assert!(p.table.finish(&call, &answers, end + 5).unwrap().success);
+    assert!(
+        r.origin.ledger(&key, sequence).reserved("p1", end + 5).0 > 0,
+        "lent, and reserved"
+    );
+    r.replay_until(end + REPLAY_MS);
+    assert_eq!(
+        r.origin
+            .ledger(&key, sequence)
+            .reserved("p1", end + REPLAY_MS),
+        (0, 0),
+        "given back by the replay"
+    );
+}
+
 /// Random arrivals at `rate_x` times the limit (100 per 10 s unless given) over `procs`
 /// processes for 60 s; from `alone_after_s` on, only process 0's clients remain. Returns the
 /// region, the request times and the admitted ones.

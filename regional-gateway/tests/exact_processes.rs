@@ -24,7 +24,7 @@ use common::{client, fresh};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::process::GatewayProcess as Gateway;
+use common::process::{GatewayProcess as Gateway, before_window_ends, unix_ms};
 use common::redis::RedisServer;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -65,24 +65,6 @@ async fn admit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64)
     answer["success"]
         .as_bool()
         .unwrap_or_else(|| panic!("{base}: no success in {answer}"))
-}
-
-/// Waits until `ms` before a window of `window_ms` ends (windows are aligned to the Unix
-/// epoch): a run that starts there has its first lease lent in a window about to roll over.
-/// Returns when that window ends (Unix ms, what an answer in it gives as `reset`).
-async fn before_window_ends(window_ms: u64, ms: u64) -> u64 {
-    let now = unix_ms();
-    let wait = window_ms - (now + ms) % window_ms;
-    tokio::time::sleep(Duration::from_millis(wait)).await;
-    now + wait + ms
-}
-
-/// The wall clock in Unix ms, as the gateways read it.
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 /// The gateway's origin decide calls so far (all results), from `/metrics`.

@@ -106,6 +106,12 @@ impl CellState {
     pub const fn last_flushed(&self) -> u64 {
         self.last_flushed
     }
+    /// Stops using the lease (no local pass under it from now on) and returns its id, which
+    /// tells the origin which lease to drop.
+    pub(crate) fn stop_lease(&mut self) -> u64 {
+        self.grant = self.own;
+        self.lease_id
+    }
 }
 
 /// The state of one window key: two cells, the latest limit and the strict-mode deadline.

@@ -274,8 +274,7 @@ impl WindowState {
     /// Stops using the current cell's lease (before telling the origin it may drop it);
     /// returns its id. Answers about this lease or older ones no longer revive it.
     pub fn release_lease(&mut self) -> u64 {
-        self.current.grant = self.current.own;
-        self.current.lease_id
+        self.current.stop_lease()
     }
 
     /// Merges a replay answer: `counts` of cell `sequence` after the origin took this

@@ -153,8 +153,7 @@ impl WindowState {
             return false;
         }
         let previous_release = if left_behind {
-            self.previous.grant = self.previous.own;
-            self.previous.lease_id
+            self.previous.stop_lease()
         } else {
             0
         };

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// One gateway process: killed on drop, and its data dir removed if it made one.
 pub struct GatewayProcess {
@@ -182,4 +182,20 @@ pub async fn read_counts(
     } else {
         Err(format!("no count: {r}"))
     }
+}
+
+/// The wall clock in Unix ms, as the gateways read it.
+pub fn unix_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    u64::try_from(since.as_millis()).unwrap()
+}
+
+/// Waits until `ms` before a window of `window_ms` ends (windows are aligned to the Unix
+/// epoch): a run that starts there has its first lease lent in a window about to roll over.
+/// Returns when that window ends (Unix ms, what an answer in it gives as `reset`).
+pub async fn before_window_ends(window_ms: u64, ms: u64) -> u64 {
+    let now = unix_ms();
+    let wait = window_ms - (now + ms) % window_ms;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    now + wait + ms
 }

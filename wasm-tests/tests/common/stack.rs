@@ -234,12 +234,15 @@ pub fn conformance_rules() -> Value {
 /// The rivals row's rule: [`RIVALS_LIMIT`] per 2 s per `x-api-key`, namespace `e2e`: a key
 /// over it frees a unit every 100 ms.
 pub fn rivals_rule() -> Value {
-    json!({"name": "rivals", "namespace": "e2e", "limit": RIVALS_LIMIT, "duration": "2s",
+    let duration = format!("{}ms", RIVALS_WINDOW_MS);
+    json!({"name": "rivals", "namespace": "e2e", "limit": RIVALS_LIMIT, "duration": duration,
         "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]})
 }
 
 /// The rivals row's limit (see [`rivals_rule`]).
 pub const RIVALS_LIMIT: u64 = 20;
+/// The rivals row's window (see [`rivals_rule`]).
+pub const RIVALS_WINDOW_MS: u64 = 2_000;
 
 impl Stack {
     /// The rivals row, as `regional-gateway/tests/exact_processes.rs` runs it on two gateway
@@ -256,8 +259,7 @@ impl Stack {
         let before = self.decide_calls().await;
         // Start 20 ms before a window ends: the first lease is lent in a window about to roll
         // over, mostly unused, and the next window is where both processes decide.
-        let wait = 2_000 - (now_ms() + 20) % 2_000;
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        super::process::before_window_ends(RIVALS_WINDOW_MS, 20).await;
         let clients = bases.map(|base| {
             let (http, url, key) = (self.http.clone(), base.to_string(), key.clone());
             tokio::spawn(async move {
@@ -294,8 +296,7 @@ impl Stack {
 
 /// Unix milliseconds.
 pub fn now_ms() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    u64::try_from(since.unwrap().as_millis()).unwrap()
+    super::process::unix_ms()
 }
 
 /// Sends `requests` GETs with `x-api-key: <key>`, `in_flight` at a time, spread in turn over

@@ -188,6 +188,15 @@ async fn a_20x_burst_across_two_envoys_admits_at_most_1_05x() {
     s.assert_burst_counted(admitted).await;
 }
 
+/// The quiet-holder row (`Stack::quiet_holder_row`) through two Envoys (two workers each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_behind_by_a_quiet_envoy_goes_back_with_its_next_replay() {
+    let s = stack().await;
+    let a = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
+    let b = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
+    s.quiet_holder_row("Envoy", [&a.base, &b.base]).await;
+}
+
 /// The rivals row (`Stack::rivals_row`) through two Envoys (two workers each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_over_a_limit_ask_about_once_per_freed_unit() {

@@ -133,6 +133,14 @@ async fn two_workerd_processes_over_a_limit_ask_about_once_per_freed_unit() {
     s.rivals_row("workerd", [&a.base, &b.base]).await;
 }
 
+/// The quiet-holder row (`Stack::quiet_holder_row`) through two workerd processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_behind_by_a_quiet_workerd_process_goes_back_with_its_next_replay() {
+    let s = stack().await;
+    let (a, b) = two_edges(&s, &json!({"rules": [rivals_rule()]}).to_string()).await;
+    s.quiet_holder_row("workerd", [&a.base, &b.base]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_rules_are_counted_and_reported_never_enforced() {
     let s = stack().await;

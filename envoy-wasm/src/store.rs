@@ -256,7 +256,7 @@ impl<H: Host> Homes<'_, H> {
         }
         if state == before_state && events.len() == before {
             // A lease to watch until it sits idle near the limit.
-            return (!state.lease_is_far(now_ms)).then_some(QUIET_PASSES);
+            return (!state.lease_is_far(key.duration(), now_ms)).then_some(QUIET_PASSES);
         }
         let claim = if events.len() > before {
             now_ms.saturating_add(self.state.claim_ms)

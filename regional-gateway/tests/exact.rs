@@ -228,7 +228,7 @@ async fn a_client_paced_at_its_limit_over_five_gateways_gets_its_budget() {
     let worst = per_window.values().max().copied().unwrap_or(0);
     let per_1000 = region.decisions_at_origin() * 1_000 / requests;
     println!(
-        "paced at the limit over 5 gateways: admitted {admitted}/{} (one gateway: {alone}), ratio {ratio:.4}, fullest window {worst}/{limit}, {per_1000} origin decisions / 1,000 requests",
+        "paced at the limit over 5 gateways: admitted {admitted}/{} (one gateway: {alone}), ratio {ratio:.4}, fullest window {worst}/{limit}, {per_1000} origin decisions / 1,000 requests {per_window:?}",
         windows * limit
     );
     assert!(
@@ -430,7 +430,7 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
     // The id of the lease each instance was last granted per cell, by each origin.
     let mut ids: [HashMap<(String, String, u64, u64), u64>; 2] = [HashMap::new(), HashMap::new()];
     let instances = ["one", "two", "three"];
-    let (mut passes, mut denials, mut leases, mut replays) = (0, 0, 0, 0);
+    let (mut passes, mut denials, mut leases, mut replays, mut covering) = (0, 0, 0, 0, 0);
     // An hour before a 30-day boundary: the run (about five hours) crosses it, so later cells
     // have a previous one.
     let mut now = 2_592_000_000 * 701 - 3_600_000;
@@ -447,9 +447,14 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
         let (d, limit) = if big {
             (month, 9_000_000_000_000 + next() % 1_000)
         } else {
-            // Small limits (the exact zone's small leases), and larger ones whose previous
-            // window still weighs.
-            (minute, 1 + next() % if step % 4 == 1 { 40 } else { 400 })
+            // Small limits (the exact zone's small leases), larger ones whose previous
+            // window still weighs, and ones large enough for covering leases.
+            let limit = match step % 4 {
+                1 => 1 + next() % 40,
+                3 => 600 + next() % 1_400,
+                _ => 1 + next() % 400,
+            };
+            (minute, limit)
         };
         let id = format!("k{}", next() % 3);
         // The second limit is tighter, so it often denies what the first let through.
@@ -578,6 +583,9 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     // Mostly a caller in the origin's window (its lease on the previous
                     // cell goes); now and then one whose clock is behind.
                     left_previous: next() % 4 != 0,
+                    // Mostly a caller that counts its previous share (a covering lease where
+                    // the limit allows one); now and then one that does not.
+                    shares: next() % 4 != 0,
                 };
                 (limit, next())
             })
@@ -605,7 +613,8 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     x.previous,
                     x.used,
                     x.lease,
-                    x.lease_id > 0
+                    x.lease_id > 0,
+                    x.covers
                 ),
                 (
                     y.sequence,
@@ -613,13 +622,16 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                     y.previous,
                     y.used,
                     y.lease,
-                    y.lease_id > 0
+                    y.lease_id > 0,
+                    y.covers
                 ),
-                "step {step}: (sequence, current, previous, used, lease, a lease id) of \
-                 {instance} for {limits:?}: {a:?} {b:?}"
+                "step {step}: (sequence, current, previous, used, lease, a lease id, covers) \
+                 of {instance} for {limits:?}: {a:?} {b:?}"
             );
             leases += u64::from(x.lease > 0);
+            covering += u64::from(x.covers);
         }
+
         for (origin, answer) in [&a, &b].into_iter().enumerate() {
             for (l, x) in limits.iter().zip(&answer.limits) {
                 if x.lease_id > 0 {
@@ -634,10 +646,10 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
         }
     }
     println!(
-        "origins agree: {passes} passes, {denials} denials, {leases} leases granted, {replays} replays"
+        "origins agree: {passes} passes, {denials} denials, {leases} leases granted ({covering} covering), {replays} replays"
     );
     assert!(
-        passes > 50 && denials > 50 && leases > 50 && replays > 50,
+        passes > 50 && denials > 50 && leases > 50 && replays > 50 && covering > 20,
         "the sequence exercises every path"
     );
 }
@@ -659,6 +671,7 @@ fn plain(key: WindowKeyRef<'_>, limit: u64, cost: u64, want: u64) -> DecideLimit
         call: 0,
         undo_from: 0,
         left_previous: true,
+        shares: true,
     }
 }
 

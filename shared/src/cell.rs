@@ -27,8 +27,11 @@ pub struct CellState {
     pub(crate) own: u64,
     /// The largest `own` the origin has acknowledged.
     pub(crate) acked: u64,
-    /// The lease as a ceiling on `own`: local passes while `own + cost <= grant`. The origin
-    /// only ever raises a live ceiling, so answers can be merged in any order with `max`.
+    /// The lease as a ceiling on this process's own part of the weighted count: local passes
+    /// while `own + share + cost <= grant`, the share being, for a covering lease, its own
+    /// count of the previous cell decayed as the window goes, and for a plain one nothing
+    /// ([`WindowState::own_part`]). The origin only ever raises a live ceiling, so answers can
+    /// be merged in any order with `max`.
     pub(crate) grant: u64,
     /// The origin's id of the lease `grant` comes from (its reservation deadline, strictly
     /// increasing per process and cell): only a newer lease replaces it, and giving one back
@@ -98,7 +101,10 @@ impl CellState {
     pub const fn unacked(&self) -> u64 {
         self.own.saturating_sub(self.acked)
     }
-    /// Cost this process may still admit locally under its lease (ignoring its deadline).
+    /// Cost this process may still admit locally under its lease once its share of the
+    /// previous window's weight has decayed (ignoring its deadline): on the previous cell,
+    /// what it may still admit there; on the current one, at most that
+    /// ([`WindowState::lease_room`] is what it may admit now).
     pub const fn lease_left(&self) -> u64 {
         self.grant.saturating_sub(self.own)
     }
@@ -261,7 +267,10 @@ impl WindowState {
     /// for as long as no other process takes it), never admit more.
     pub fn view(&self, duration: WindowDuration, limit: u64, cost: u64, now_ms: u64) -> LimitCheck {
         let mut check = self.check(duration, limit, cost);
-        if self.current.is_warm() && self.beyond_lease(cost) && self.is_strict(now_ms) {
+        if self.current.is_warm()
+            && self.beyond_lease(duration, cost, now_ms)
+            && self.is_strict(now_ms)
+        {
             let held = self.lease.rivals().saturating_mul(cost);
             let current = &mut check.counts.current.regional;
             *current = current.saturating_add(held);
@@ -269,9 +278,38 @@ impl WindowState {
         check
     }
 
-    /// Whether `cost` more would pass the current cell's lease ceiling.
-    pub(crate) const fn beyond_lease(&self, cost: u64) -> bool {
-        self.current.own.saturating_add(cost) > self.current.grant
+    /// This process's own part of the window's weighted count at `now_ms` (already rolled
+    /// to), what its lease's ceiling bounds: its own count of the current cell plus its share
+    /// of the previous window's weight ([`WindowDuration::previous_share`]), which shrinks as
+    /// that window decays, so the same lease admits more.
+    pub fn own_part(&self, duration: WindowDuration, now_ms: u64) -> u64 {
+        self.current
+            .own
+            .saturating_add(self.lease_share(duration, now_ms))
+    }
+
+    /// This process's share of the previous window's weight at `now_ms` (already rolled to),
+    /// as its lease counts it: the room its own past passes still hold, freed as the window
+    /// goes, if the lease in use covers it ([`LeaseState::covers`]), else none.
+    pub fn lease_share(&self, duration: WindowDuration, now_ms: u64) -> u64 {
+        if !self.lease.covers() {
+            return 0;
+        }
+        let elapsed = duration.elapsed_ms(self.sequence, now_ms);
+        duration.previous_share(self.previous.own, elapsed)
+    }
+
+    /// What this process may still admit locally under its lease at `now_ms` (already
+    /// rolled to), ignoring its deadline.
+    pub fn lease_room(&self, duration: WindowDuration, now_ms: u64) -> u64 {
+        self.current
+            .grant
+            .saturating_sub(self.own_part(duration, now_ms))
+    }
+
+    /// Whether `cost` more at `now_ms` would pass the current cell's lease ceiling.
+    pub(crate) fn beyond_lease(&self, duration: WindowDuration, cost: u64, now_ms: u64) -> bool {
+        self.own_part(duration, now_ms).saturating_add(cost) > self.current.grant
     }
 
     /// Whether a recent denial keeps passes beyond the lease at the origin at `now_ms`.

@@ -14,8 +14,9 @@
 //! origin lends up to half of what lies above the last quarter of the limit), then once per
 //! lease lifetime (5 s by default) or when it ran out (asking twice the last grant); near the
 //! limit leases shrink and, shared by several processes, the last units are decided at the
-//! origin nearly one by one. A process alone on a key is also lent the room the sliding
-//! window frees while its lease lasts ([`available`]), so one paced at its limit asks a few
+//! origin nearly one by one, except the room each holder's own past passes free as the
+//! previous window decays: a lease counts the holder's share of that weight, so it lends that
+//! room too ([`available`]), and processes paced at a key's limit, one or several, ask a few
 //! times a window, not every few requests. An idle process's unused lease holds back at most
 //! half of what was left, for at most the lease lifetime plus [`LEASE_GRACE_MS`].
 
@@ -41,9 +42,10 @@ pub const fn leaves_half(remaining: u64, limit: u64) -> bool {
 }
 
 /// A process's lease history on one window key: what it was granted last, so the next ask
-/// grows with demand, and how many other processes it lost the key's freed room to (8 bytes,
-/// carried across windows like a rate: the grant in the low 56 bits, saturating, the rivals
-/// in the high 8).
+/// grows with demand, whether the lease in use covers the previous share ([`covers`]), and
+/// how many other processes it lost the key's freed room to (8 bytes, carried across windows
+/// like a rate: the grant in the low 55 bits, saturating, the covering flag in bit 55, the
+/// rivals in the high 8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeaseState {
     bits: u64,
@@ -51,7 +53,9 @@ pub struct LeaseState {
 
 /// The largest grant [`LeaseState`] records; a larger one is recorded as this (it only sizes
 /// the next ask).
-const GRANT_MAX: u64 = (1 << 56) - 1;
+const GRANT_MAX: u64 = (1 << 55) - 1;
+/// The bit that says the lease in use covers the previous share.
+const COVERS: u64 = 1 << 55;
 
 /// At most this many rivals are counted, whatever the limit: each one keeps a request of this
 /// process waiting for one more freed unit.
@@ -83,6 +87,20 @@ impl LeaseState {
         self.bits & GRANT_MAX
     }
 
+    /// Whether the lease in use covers this process's share of the previous window's weight
+    /// (its ceiling bounds [`crate::WindowState::own_part`]).
+    pub const fn covers(&self) -> bool {
+        self.bits & COVERS != 0
+    }
+
+    pub(crate) fn set_covers(&mut self, covers: bool) {
+        self.bits = if covers {
+            self.bits | COVERS
+        } else {
+            self.bits & !COVERS
+        };
+    }
+
     /// How many other processes this one lost the key's freed room to, as it learned from
     /// the origin's denials of requests its own view passed.
     pub const fn rivals(&self) -> u64 {
@@ -109,7 +127,10 @@ impl LeaseState {
     }
 
     fn set_rivals(&mut self, rivals: u64, untaken: u64) {
-        self.bits = self.last_grant() | (rivals.min(MAX_RIVALS) << 56) | (untaken.min(0xf) << 60);
+        self.bits = self.last_grant()
+            | (self.bits & COVERS)
+            | (rivals.min(MAX_RIVALS) << 56)
+            | (untaken.min(0xf) << 60);
     }
 
     /// The origin denied a request this process's view passed: another process took the room
@@ -164,7 +185,7 @@ pub const SMALL_LEASE_DIVISOR: u64 = 20;
 /// above the last quarter of the limit, plus a small share that keeps what can go unused in
 /// that last quarter near 5% of the limit. So a process arriving next always finds room,
 /// and a burst that stops leaves little reserved. A caller `alone` on the key (see
-/// [`available`]) whose available room is within one small share gets all of it (up to its
+/// [`OriginView::alone`]) whose available room is within one small share gets all of it (up to its
 /// ask): halving that last share cost a lone process paced at its limit a round trip for each
 /// halving, and what it may strand stays within the same 5% of the limit.
 pub fn grant(want: u64, available: u64, limit: u64, holders: u64, alone: bool) -> u64 {
@@ -178,22 +199,44 @@ pub fn grant(want: u64, available: u64, limit: u64, holders: u64, alone: bool) -
     want.min(above.saturating_add(small))
 }
 
+/// A covering lease needs a limit of at least this many costs per holder of the key.
+/// Holders round their previous shares up ([`crate::WindowDuration::previous_share`]), so
+/// each may leave up to one unit of what the window's formula would admit unused (half on
+/// average, when several shares decay out of step); with at most one covering holder per
+/// `COVER_FACTOR` costs of the limit, that stays within 0.5% of it.
+pub const COVER_FACTOR: u64 = 200;
+
+/// Whether a lease lent on a key of `limit` to a caller among `holders` live holders (the
+/// caller included) covers the caller's share of the previous window's weight
+/// ([`crate::ledger`]): lent so, a process paced near the limit keeps its pace from the room
+/// its own past passes free, with no call; a smaller limit is lent plain leases, where the
+/// rounding would cost more than 0.5% of the limit.
+pub fn covers(limit: u64, cost: u64, holders: u64) -> bool {
+    limit
+        >= COVER_FACTOR
+            .saturating_mul(cost.max(1))
+            .saturating_mul(holders.max(1))
+}
+
 /// What the origin may lend a caller after a pass that leaves `remaining`: that, plus the
-/// caller's own live lease (the grant replaces it, so what it held is free), plus, when the
-/// caller is alone on the key ([`OriginView::alone`]: the only writer of its cells in every
-/// region), the room the previous window's decay
-/// frees before the lease ends.
+/// caller's own live lease (the grant replaces it, so what it held is free), plus, for a
+/// plain lease to a caller alone on the key ([`OriginView::alone`]: the only writer of its
+/// cells in every region), the room the previous window's decay frees before the lease ends.
 ///
-/// Lending room that is not there yet is safe for a lone holder: each of its local passes is
-/// also checked against its own view of the window (the region's count when the lease was
-/// granted plus its own passes since), which for it is the whole truth, so it cannot admit
-/// that room before the decay frees it; and every other process decides here, against the
-/// holder's whole reservation. Shared by several holders the same room would be admitted by
-/// each of them at once, so they get only what is free now. At a key paced at its limit
-/// this is the difference between a round trip every few requests (the room freed between
-/// two of them) and one a lease.
+/// A covering lease's ceiling counts the holder's share of the previous window's weight
+/// beside its own count ([`covers`]), so on top of this the holder is lent the room its own
+/// past passes free as the previous window decays, for as long as the lease lives: a process
+/// paced at its limit, alone or beside others, keeps its pace from memory. Only a holder's
+/// own share is lent that way: the room other processes' past passes free goes to whoever
+/// asks the origin first.
+///
+/// Lending a lone plain holder room that is not there yet is safe too: each of its local
+/// passes is also checked against its own view of the window (the region's count when the
+/// lease was granted plus its own passes since), which for it is the whole truth, so it
+/// cannot admit that room before the decay frees it; and every other process decides here,
+/// against the holder's whole reservation.
 pub fn available(remaining: u64, view: &OriginView, now_ms: u64, lease_ms: u64) -> u64 {
-    let freed = if view.alone {
+    let freed = if view.alone && !view.covers {
         view.check.freed_within(now_ms, lease_ms)
     } else {
         0
@@ -285,6 +328,13 @@ mod tests {
         l.granted(u64::MAX);
         assert_eq!((l.last_grant(), l.rivals()), (GRANT_MAX, 1));
         assert_eq!(LeaseState::from_bits(l.to_bits()), l);
+        l.set_covers(true);
+        l.lost_race(true, 500, 1);
+        l.granted(7);
+        assert!(l.covers(), "kept beside the grant and the rivals");
+        assert_eq!((l.last_grant(), l.rivals()), (7, 2));
+        l.set_covers(false);
+        assert!(!l.covers());
     }
 
     #[test]

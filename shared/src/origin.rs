@@ -65,6 +65,9 @@ pub struct OriginAnswer {
     pub lease_id: u64,
     /// For how long from the request.
     pub lease_ms: u64,
+    /// Whether the lease covers this process's share of the previous window's weight
+    /// (its ceiling bounds [`WindowState::own_part`], not its own count alone).
+    pub covers: bool,
 }
 
 /// Where a request's decision is made.
@@ -104,7 +107,7 @@ impl WindowState {
         }
         let reason = if !self.current.is_warm() {
             Reason::Cold
-        } else if self.beyond_lease(cost) {
+        } else if self.beyond_lease(duration, cost, now_ms) {
             if self.is_strict(now_ms) {
                 Reason::Strict
             } else {
@@ -160,6 +163,15 @@ impl WindowState {
             previous.lease_until = previous.lease_until.max(1);
         }
         if answer.sequence == self.sequence {
+            // This process's previous share now: the room its own past passes free as the
+            // previous window decays, which a covering lease's ceiling counts beside its own
+            // count.
+            let elapsed = duration.elapsed_ms(self.sequence, now_ms);
+            let share = if answer.covers {
+                duration.previous_share(self.previous.own, elapsed)
+            } else {
+                0
+            };
             let cell = &mut self.current;
             cell.own = cell.own.max(answer.used);
             cell.acked = cell.acked.max(answer.used);
@@ -175,7 +187,9 @@ impl WindowState {
                 cell.grant = answer.used.saturating_add(answer.lease);
                 cell.lease_id = answer.lease_id;
                 cell.lease_until = plan.at_ms.saturating_add(answer.lease_ms);
-                self.lease.granted(answer.lease);
+                // Demand is the grant beyond that share: the next ask grows from it.
+                self.lease.granted(answer.lease.saturating_sub(share));
+                self.lease.set_covers(answer.covers);
             } else if answer.lease == 0 && plan.want > 0 && cell.grant <= cell.own {
                 // Asked and lent nothing (others' leases hold what the counts leave): a lease
                 // of 0 for a lifetime, so no request passes ahead of the origin's answer
@@ -254,6 +268,20 @@ impl WindowState {
             return false;
         }
         now_ms.saturating_sub(cell.idle_since) >= LEASE_IDLE_MS
+    }
+
+    /// Called by each replay pass: whether the current cell's covering lease, near the limit,
+    /// holds more room unused than it was lent (and at least 0.5% of the limit): the room
+    /// this process's own past passes freed as the previous window decayed, which a covering
+    /// lease lends it ([`crate::lease::covers`]), piles up when its traffic slows, and the
+    /// origin keeps it from the others until the lease ends. Given back, the next request
+    /// asks for a lease sized afresh.
+    pub fn lease_surplus(&self, duration: WindowDuration, now_ms: u64) -> bool {
+        let lent = self.lease.last_grant().max(self.limit / 200).max(1);
+        self.lease.covers()
+            && self.current.is_fresh(now_ms)
+            && !self.lease_is_far(duration, now_ms)
+            && self.lease_room(duration, now_ms) > lent
     }
 
     /// Starts the origin call of `plan`: stops using the lease it gives back.
@@ -350,6 +378,7 @@ mod tests {
             lease,
             lease_id: u64::from(lease > 0),
             lease_ms: DEFAULT_LEASE_MS,
+            covers: false,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::gcounter::PublishPolicy;
 use crate::identity::WindowKey;
 use crate::slab::unacked;
 use crate::table::CounterTable;
+use crate::window::WindowDuration;
 use crate::wire;
 
 /// One cell's own cumulative count, to replay.
@@ -106,12 +107,11 @@ impl WindowState {
     /// denial: there a lease is kept the same whoever asks (it may be renewed off the request
     /// path, and nothing needs it back when it sits idle), while near the limit the next
     /// decision must size it afresh from the others' use.
-    pub fn lease_is_far(&self, now_ms: u64) -> bool {
-        let current = self.current();
-        current
+    pub fn lease_is_far(&self, duration: WindowDuration, now_ms: u64) -> bool {
+        self.current()
             .counts()
             .total()
-            .saturating_add(current.lease_left())
+            .saturating_add(self.lease_room(duration, now_ms))
             <= self.limit() / 2
             && now_ms >= self.strict_until()
     }
@@ -145,7 +145,7 @@ impl WindowState {
         hold: Option<&QuietPace>,
         events: &mut Vec<ReplayEvent>,
     ) -> bool {
-        let idle = self.idle_lease(now_ms);
+        let idle = self.idle_lease(now_ms) || self.lease_surplus(key.duration(), now_ms);
         let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
         // A lease lent on the previous cell after this process left it (`apply_decided`).
         let left_behind = self.previous.lease_left() > 0;
@@ -170,7 +170,7 @@ impl WindowState {
             0
         };
         let current = self.current();
-        let far = self.lease_is_far(now_ms);
+        let far = self.lease_is_far(key.duration(), now_ms);
         let renew = if renew_within > 0
             && far
             && !idle
@@ -183,8 +183,9 @@ impl WindowState {
         } else {
             0
         };
-        let wait =
-            released == 0 && renew == 0 && hold.is_some_and(|pace| self.is_quiet(now_ms, pace));
+        let wait = released == 0
+            && renew == 0
+            && hold.is_some_and(|pace| self.is_quiet(key.duration(), now_ms, pace));
         for (sequence, cell) in self.cells() {
             let (release, renew) = if sequence == self.sequence() {
                 (released, renew)
@@ -223,9 +224,9 @@ impl WindowState {
     /// a replay); one near the limit is not renewed, and its cost only has to reach the origin
     /// before the reservation's grace runs out, which the first pass after the lease's end
     /// does: its margin is one pass.
-    pub fn is_quiet(&self, now_ms: u64, pace: &QuietPace) -> bool {
+    pub fn is_quiet(&self, duration: WindowDuration, now_ms: u64, pace: &QuietPace) -> bool {
         let cell = self.current();
-        let margin = if self.lease_is_far(now_ms) {
+        let margin = if self.lease_is_far(duration, now_ms) {
             pace.margin_ms
         } else {
             pace.interval_ms

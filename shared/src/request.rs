@@ -64,6 +64,7 @@ impl CallLimit {
             release: self.plan.release,
             call: self.plan.call,
             undo_from: self.plan.undo_from,
+            shares: true,
         }
     }
 }
@@ -169,6 +170,7 @@ impl OriginCall {
                     undo_from: l.plan.undo_from,
                 })
                 .collect(),
+            shares: true,
         }
     }
 
@@ -199,6 +201,7 @@ impl OriginCall {
                 lease: r.lease,
                 lease_id: r.lease_id,
                 lease_ms: r.lease_ms,
+                covers: r.covers,
             })
             .collect())
     }
@@ -578,6 +581,7 @@ mod tests {
             lease: 6,
             lease_id: 9,
             lease_ms: 5_000,
+            covers: false,
         };
         let response = wire::DecideResponse {
             success: true,

@@ -102,6 +102,20 @@ impl WindowDuration {
         weight
     }
 
+    /// One writer's share of the previous window's weight at `elapsed_ms`, rounded up:
+    /// `previous - floor(previous * elapsed / duration)`. The writers' shares of a cell add
+    /// up to at least its [`previous_weight`](Self::previous_weight) (floors do not add up),
+    /// so a lease held against a writer's own share never lets the region's weighted count
+    /// pass what the holders were lent.
+    pub const fn previous_share(self, previous: u64, elapsed_ms: u64) -> u64 {
+        let elapsed = if elapsed_ms < self.0 {
+            elapsed_ms
+        } else {
+            self.0
+        };
+        previous.saturating_sub(self.previous_weight(previous, self.0 - elapsed))
+    }
+
     /// The smallest elapsed time (ms into the window) at which `previous` has decayed to at
     /// most `budget`, or `None` if it is still above `budget` at the last millisecond.
     pub const fn decayed_by(self, previous: u64, budget: u64) -> Option<u64> {
@@ -174,6 +188,25 @@ mod tests {
         assert_eq!(MINUTE.previous_weight(8, 0), 8);
         assert_eq!(MINUTE.previous_weight(8, 60_000), 0);
         assert_eq!(MINUTE.previous_weight(7, 30_000), 3);
+    }
+
+    #[test]
+    fn a_share_of_the_previous_weight_rounds_up_so_shares_cover_the_whole() {
+        // 7 and 1 of 8 at 25% into the next window: ceil(5.25) + ceil(0.75) = 7 >= 6.
+        assert_eq!(MINUTE.previous_share(7, 15_000), 6);
+        assert_eq!(MINUTE.previous_share(1, 15_000), 1);
+        assert_eq!(MINUTE.previous_share(8, 0), 8);
+        assert_eq!(MINUTE.previous_share(8, 60_000), 0);
+        assert_eq!(
+            MINUTE.previous_share(8, 90_000),
+            0,
+            "past the window: nothing"
+        );
+        for (a, b, elapsed) in [(3_u64, 4_u64, 1_u64), (100, 1, 59_999), (5, 5, 30_000)] {
+            let whole = MINUTE.previous_weight(a + b, elapsed);
+            let shares = MINUTE.previous_share(a, elapsed) + MINUTE.previous_share(b, elapsed);
+            assert!(shares >= whole && shares <= whole + 2, "{a} {b} {elapsed}");
+        }
     }
 
     #[test]

@@ -93,6 +93,7 @@ fn granted_over(t: &Transmit, lease: u64, lease_ms: u64, others: u64, now: u64) 
                 lease,
                 lease_id: 1,
                 lease_ms,
+                covers: false,
             }
         })
         .collect();

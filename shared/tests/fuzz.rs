@@ -407,6 +407,7 @@ fn drive(ops: &[Op], mode: FailureMode) {
                             lease: *lease,
                             lease_id: now,
                             lease_ms: 5_000,
+                            covers: *lease % 2 == 1,
                         })
                         .collect();
                     let _ = table.finish(&call, &answers, now);

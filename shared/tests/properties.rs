@@ -209,7 +209,7 @@ proptest! {
                 limit, remaining: 0, reset_ms: d.reset(1_000), sequence: 1_000, counted: true, denied: false,
                 current: Counts { regional: current, global: 0 },
                 previous: Counts { regional: previous, global: 0 },
-                used: 0, lease, lease_id: 1, lease_ms: 5_000,
+                used: 0, lease, lease_id: 1, lease_ms: 5_000, covers: false,
             };
             state.apply_decided(d, &plan, &answer, 0, t0 + at);
         }

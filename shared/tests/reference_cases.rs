@@ -71,6 +71,7 @@ fn answer(
         lease,
         lease_id: u64::from(lease > 0),
         lease_ms: 5_000,
+        covers: false,
     }
 }
 

@@ -82,6 +82,7 @@ impl Origin {
                 lease: o.lease,
                 lease_id: o.lease_id,
                 lease_ms: LEASE_MS,
+                covers: o.covers,
             })
             .collect();
         DecideResponse {
@@ -538,8 +539,52 @@ fn processes_over_the_limit_ask_once_for_most_freed_units() {
     r.report("five processes at 5x, then one alone");
     let d = r.key.duration();
     assert_exact(&admitted, &times, d, 1_000);
+    // Alone, it passes from its covering lease and seldom asks, so a rival it counted may
+    // stay counted; what matters is that the rivals' room is its own again.
     let state = r.procs[0].table.get(r.key.as_ref()).unwrap();
-    assert_eq!(state.lease().rivals(), 0, "the rivals left: none counted");
+    assert!(
+        state.lease().rivals() <= 1,
+        "the rivals left: at most one still counted"
+    );
     let last = admitted.iter().filter(|&&t| t >= T0 + 40_000).count();
-    assert_eq!(last, 2_000, "the last two windows, alone: the whole limit");
+    // The rival it may still count holds back one request's room while it is strict (at most
+    // 1% of the limit, `lease::max_rivals`).
+    assert!(
+        (1_998..=2_000).contains(&last),
+        "the last two windows, alone: the whole limit but the rival's room, {last}"
+    );
+}
+
+/// Five processes sharing a key paced at its limit (random arrivals) keep their pace from
+/// covering leases: each is lent the room its own past passes free as the previous window
+/// decays, so most requests pass from memory (494 origin decisions per 1,000 when every
+/// lease lent only what was free at the instant); nothing breaks the limit, and what an exact
+/// limiter admits is admitted within 1%. A key whose limit is under `lease::COVER_FACTOR`
+/// costs per holder is lent plain leases, and decides as before.
+#[test]
+fn processes_paced_at_a_limit_keep_their_pace_from_covering_leases() {
+    let (r, times, admitted) = random_traffic(5, 1, 1_000, 60);
+    r.report("five processes at 1x, random arrivals");
+    assert_exact(&admitted, &times, r.key.duration(), 1_000);
+    let per_1000 = r.origin.decisions * 1_000 / r.requests;
+    assert!(per_1000 <= 200, "{per_1000} origin decisions per 1,000");
+    let covering = |r: &Region| {
+        r.procs
+            .iter()
+            .filter(|p| {
+                p.table
+                    .get(r.key.as_ref())
+                    .is_some_and(|s| s.lease().covers())
+            })
+            .count()
+    };
+    assert!(covering(&r) > 0, "their leases cover");
+    let (r, times, admitted) = random_traffic(2, 1, 100, 60);
+    r.report("two processes at 1x, limit 100, random arrivals");
+    assert_exact(&admitted, &times, r.key.duration(), 100);
+    assert_eq!(
+        covering(&r),
+        0,
+        "100 is under 200 costs per holder: plain leases"
+    );
 }

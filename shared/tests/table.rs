@@ -301,6 +301,7 @@ fn granted(plan: &OriginPlan, limit: u64, regional: u64, lease: u64) -> OriginAn
         lease,
         lease_id: u64::from(lease > 0),
         lease_ms: 5_000,
+        covers: false,
     }
 }
 
@@ -705,8 +706,8 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
         held
     };
     assert_eq!(gone.len(), 1, "within the margin of its lease's end");
-    assert!(!t.get(quiet[0]).unwrap().is_quiet(late, &pace));
-    assert!(t.get(quiet[0]).unwrap().is_quiet(late - 1, &pace));
+    assert!(!t.get(quiet[0]).unwrap().is_quiet(minute, late, &pace));
+    assert!(t.get(quiet[0]).unwrap().is_quiet(minute, late - 1, &pace));
 }
 
 /// With no other region live to import the region's count, a cell over the publish floor and
@@ -726,18 +727,18 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
         t
     };
     let state = *setup().get(k).unwrap();
-    assert!(!state.lease_is_far(T0 + 1));
+    assert!(!state.lease_is_far(minute, T0 + 1));
     let alone = QuietPace::new(1, 100, None, 5_000);
     let shared = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000);
     let end = state.current().lease_until();
-    assert!(state.is_quiet(T0 + 100, &alone));
+    assert!(state.is_quiet(minute, T0 + 100, &alone));
     assert!(
-        !state.is_quiet(T0 + 100, &shared),
+        !state.is_quiet(minute, T0 + 100, &shared),
         "another region imports it"
     );
-    assert!(state.is_quiet(end - 101, &alone));
+    assert!(state.is_quiet(minute, end - 101, &alone));
     assert!(
-        !state.is_quiet(end - 100, &alone),
+        !state.is_quiet(minute, end - 100, &alone),
         "within one pass of the end"
     );
     // On a pass that is not the slot's turn: held back alone, sent with another region.

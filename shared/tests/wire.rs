@@ -348,17 +348,22 @@ fn responses_have_the_contract_shape() {
             lease: 3,
             lease_id: 7,
             lease_ms: 5_000,
+            covers: true,
         }],
     };
     let json = serde_json::to_string(&decided).unwrap();
     assert_eq!(
         json,
-        r#"{"success":true,"sequence":7,"results":[{"success":true,"limit":10,"remaining":4,"reset":8000,"sequence":7,"current":{"regional":5,"global":1},"previous":{"regional":0,"global":0},"used":2,"lease":3,"lease_id":7,"lease_ms":5000}]}"#
+        r#"{"success":true,"sequence":7,"results":[{"success":true,"limit":10,"remaining":4,"reset":8000,"sequence":7,"current":{"regional":5,"global":1},"previous":{"regional":0,"global":0},"used":2,"lease":3,"lease_id":7,"lease_ms":5000,"covers":true}]}"#
     );
     assert_eq!(
         serde_json::from_str::<DecideResponse>(&json).unwrap(),
         decided
     );
+    // An origin that predates covering leases lends plain ones.
+    let older = json.replace(r#","covers":true"#, "");
+    let older = serde_json::from_str::<DecideResponse>(&older).unwrap();
+    assert!(!older.results[0].covers);
     let err = strata_core::wire::WireError::new(ErrorCode::Unauthorized, "missing bearer token");
     assert_eq!(
         serde_json::to_string(&err.body()).unwrap(),
@@ -385,15 +390,23 @@ fn origin_requests_have_the_contract_shape() {
             call: 0,
             undo_from: 0,
         }],
+        shares: true,
     };
     let json = serde_json::to_string(&decide).unwrap();
     assert_eq!(
         json,
-        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":10,"duration":1000,"cost":1,"sequence":7,"used":4,"used_previous":2,"want":8}]}"#
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":10,"duration":1000,"cost":1,"sequence":7,"used":4,"used_previous":2,"want":8}],"shares":true}"#
     );
     assert_eq!(
         serde_json::from_str::<DecideRequest>(&json).unwrap(),
         decide
+    );
+    // A caller that predates covering leases is lent plain ones.
+    let older = json.replace(r#","shares":true"#, "");
+    assert!(
+        !serde_json::from_str::<DecideRequest>(&older)
+            .unwrap()
+            .shares
     );
     let event = |release, renew| ReplayEvent {
         namespace: "n".into(),

@@ -329,6 +329,7 @@ impl Limiter {
                     lease: o.lease,
                     lease_id: o.lease_id,
                     lease_ms: self.origin.lease_ms(),
+                    covers: o.covers,
                 }
             })
             .collect();

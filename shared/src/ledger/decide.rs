@@ -48,6 +48,8 @@ pub struct DecideLimit<'a> {
     /// Whether the caller has left the origin's previous cell (its sequence is the origin's,
     /// or later): its own count there is final, and its lease there admits nothing more.
     pub left_previous: bool,
+    /// Whether the caller may be lent a covering lease (`DecideRequest::shares`).
+    pub shares: bool,
 }
 
 impl<'a> DecideLimit<'a> {
@@ -69,6 +71,7 @@ impl<'a> DecideLimit<'a> {
             global,
             floor,
             left_previous: r.sequence.is_some_and(|s| s >= sequence),
+            shares: r.shares,
         }
     }
 }
@@ -90,6 +93,8 @@ pub struct DecideOutcome {
     pub lease: u64,
     /// Its id (0: none).
     pub lease_id: u64,
+    /// Whether it covers the caller's previous share.
+    pub covers: bool,
 }
 
 /// The origin's answer to a call.
@@ -137,6 +142,8 @@ pub fn decide<L: Ledgers + ?Sized>(
             }
             previous.raise(l.floor[1]);
             let current = ledgers.ledger(key, sequence, now_ms);
+            let holders = current.holders(instance, now_ms);
+            let covers = l.shares && lease::covers(l.limit, l.cost, holders);
             let view = origin_check(
                 current,
                 &mut previous,
@@ -146,6 +153,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 l.limit,
                 l.cost,
                 now_ms,
+                covers,
             );
             *ledgers.ledger(key, prev, now_ms) = previous;
             view
@@ -172,7 +180,8 @@ pub fn decide<L: Ledgers + ?Sized>(
                 let available = lease::available(decision.remaining, view, now_ms, lease_ms);
                 let holders = current.holders(instance, now_ms);
                 let grant = lease::grant(l.want, available, l.limit, holders, view.alone);
-                (granted, lease_id) = current.lease(instance, grant, now_ms, until);
+                (granted, lease_id) =
+                    current.lease(instance, grant, view.share, view.covers, now_ms, until);
                 current.record(
                     instance,
                     Counted {
@@ -192,6 +201,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 used: current.own(instance),
                 lease: granted,
                 lease_id,
+                covers: lease_id != 0 && view.covers,
             }
         })
         .collect();

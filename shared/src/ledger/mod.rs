@@ -6,9 +6,18 @@
 //! - A process's own count merges with `max`: a replay or decision that arrives twice, late
 //!   or after a timeout counts once, and a bad cell cannot make another grow.
 //! - `count` is the sum of the own counts of local passes plus the passes decided here.
+//! - A covering lease ([`crate::lease::covers`]) is a ceiling on its holder's own part of the
+//!   window's weighted count: its own count of the cell plus its share of the previous
+//!   window's weight ([`WindowDuration::previous_share`], rounded up). As the previous window
+//!   decays, the holder's own part shrinks and the same lease admits more: a holder is lent
+//!   the room its own past passes free, with no call, and several holders of a key paced at
+//!   its limit each keep their own pace (the shares follow each one's recent rate, as
+//!   Doorman's capacity leases follow each client's demand). A plain lease is a ceiling on
+//!   the own count alone.
 //! - `reserved` is what live leases may still admit: `ceiling - own` per lease. A decision
 //!   counts every live lease as used (the caller's too: its in-flight local passes may be
-//!   using it). A live ceiling is only ever raised, so a holder may merge answers in any order.
+//!   using it), and weighs only the previous count the current cell's covering leases do not
+//!   cover. A live ceiling is only ever raised, so a holder may merge answers in any order.
 
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -20,14 +29,19 @@ mod decide;
 
 pub use decide::{DecideAnswer, DecideLimit, DecideOutcome, Ledgers, decide};
 
-/// One process's lease on a cell: it may admit up to `ceiling` (its own count) locally.
+/// One process's lease on a cell: it may admit locally while its own count plus its share of
+/// the previous window's weight stays within `ceiling`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
-    /// The own count the holder may reach.
+    /// What the holder's own count plus its previous share may reach.
     pub ceiling: u64,
     /// Until when the origin reserves it (origin clock); also its id: each grant to a holder
     /// on a cell gets a larger one.
     pub until_ms: u64,
+    /// Whether it covers the holder's share of the previous window's weight (a covering
+    /// lease): its ceiling bounds the holder's own count plus that share, not the own count
+    /// alone.
+    pub covers: bool,
 }
 
 /// The origin's view of one cell.
@@ -154,38 +168,71 @@ impl CellLedger {
         c.cost
     }
 
-    /// What live leases may still admit at `now_ms`: the other processes' and
+    /// What live leases may still admit at `now_ms` on the previous cell (its holders'
+    /// shares of the window before it weigh nothing any more): the other processes' and
     /// `instance`'s own. Expired leases are dropped.
     pub fn reserved(&mut self, instance: &str, now_ms: u64) -> (u64, u64) {
-        let (mut others, mut mine) = (0_u64, 0_u64);
+        let r = self.reserved_with(instance, now_ms, |_| 0);
+        (r.others, r.ceiling.saturating_sub(self.own(instance)))
+    }
+
+    /// The live leases of the current cell at `now_ms`: what the other processes' may still
+    /// admit beyond their own counts, the own counts of the previous cell
+    /// (`previous_own`) that their covering leases cover, and `instance`'s live lease.
+    /// Expired leases are dropped.
+    pub fn reserved_with(
+        &mut self,
+        instance: &str,
+        now_ms: u64,
+        previous_own: impl Fn(&str) -> u64,
+    ) -> Reserved {
+        let mut r = Reserved::default();
         for h in &mut self.holders {
             let Some(l) = h.lease else { continue };
             if now_ms >= l.until_ms {
                 h.lease = None;
                 continue;
             }
-            let left = l.ceiling.saturating_sub(h.own);
             if h.instance == instance {
-                mine = mine.saturating_add(left);
+                (r.ceiling, r.covers) = (l.ceiling, l.covers);
             } else {
-                others = others.saturating_add(left);
+                r.others = r.others.saturating_add(l.ceiling.saturating_sub(h.own));
+                if l.covers {
+                    r.previous = r.previous.saturating_add(previous_own(&h.instance));
+                }
             }
         }
-        (others, mine)
+        r
     }
 
-    /// Grants `instance` a lease of `lease` beyond its own count until `until_ms`; a live
-    /// ceiling is only raised (the holder may be passing under it while this answer travels).
-    /// Returns the lease it holds now (its ceiling minus own count) and its id (0: none).
-    pub fn lease(&mut self, instance: &str, lease: u64, now_ms: u64, until_ms: u64) -> (u64, u64) {
+    /// Grants `instance` a lease of `lease` beyond its own part (its own count, plus
+    /// `share`, its share of the previous window's weight now, if the lease `covers` it)
+    /// until `until_ms`; a live ceiling is only raised (the holder may be passing under it
+    /// while this answer travels), taken in the new lease's terms ([`in_terms`]). Returns
+    /// the lease it holds now as the wire says it (its ceiling minus its own count) and its id
+    /// (0: none).
+    pub fn lease(
+        &mut self,
+        instance: &str,
+        lease: u64,
+        share: u64,
+        covers: bool,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> (u64, u64) {
         let (own, live) = self.holder(instance).map_or((0, 0), |h| {
             let live = h
                 .lease
                 .filter(|l| now_ms < l.until_ms)
-                .map_or(0, |l| l.ceiling);
+                .map_or(0, |l| in_terms(l.ceiling, l.covers, covers, share));
             (h.own, live)
         });
-        let ceiling = live.max(own.saturating_add(lease));
+        let base = if covers {
+            own.saturating_add(share)
+        } else {
+            own
+        };
+        let ceiling = live.max(base.saturating_add(lease));
         if ceiling <= own {
             return (0, 0);
         }
@@ -194,7 +241,11 @@ impl CellLedger {
         let h = self.writer(instance);
         let until_ms = until_ms.max(h.last_id.saturating_add(1));
         h.last_id = until_ms;
-        h.lease = Some(Lease { ceiling, until_ms });
+        h.lease = Some(Lease {
+            ceiling,
+            until_ms,
+            covers,
+        });
         (ceiling - own, until_ms)
     }
 
@@ -268,6 +319,32 @@ impl CellLedger {
     }
 }
 
+/// The live leases of a cell, as a decision counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// What the other processes' leases may still admit beyond their own counts.
+    pub others: u64,
+    /// The own counts of the previous cell their covering leases cover.
+    pub previous: u64,
+    /// The caller's live ceiling (0: none)...
+    pub ceiling: u64,
+    /// ...and whether it covers.
+    pub covers: bool,
+}
+
+/// A live ceiling of a lease that covers (`was`) or not, in the terms of one that `covers`
+/// or not, its holder's previous share being `share`: a lease that comes to cover the share
+/// must keep room for what the holder may have passed under the plain one (its ceiling plus
+/// the share), and one that stops covering must keep what the holder may have passed under
+/// the covering one (its ceiling less the share, which the holder counted against it).
+pub fn in_terms(ceiling: u64, was: bool, covers: bool, share: u64) -> u64 {
+    match (was, covers) {
+        (false, true) if ceiling > 0 => ceiling.saturating_add(share),
+        (true, false) => ceiling.saturating_sub(share),
+        _ => ceiling,
+    }
+}
+
 /// What an origin decides one limit of a caller with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OriginView {
@@ -277,6 +354,12 @@ pub struct OriginView {
     /// The caller's own live lease left on the current cell: a new grant raises it rather
     /// than adding to it.
     pub mine: u64,
+    /// The caller's share of the previous window's weight now (its own count there, decayed
+    /// and rounded up), which a covering lease's ceiling counts beside its own count.
+    pub share: u64,
+    /// Whether the lease this call lends covers the caller's share
+    /// ([`crate::lease::covers`]).
+    pub covers: bool,
     /// Whether no other process wrote to either cell (passed, held a lease, or was denied
     /// there) and no other region counted any: then whatever the others admit is decided
     /// here, against the caller's whole reservation, and none of them is likely to be waiting
@@ -284,7 +367,8 @@ pub struct OriginView {
     pub alone: bool,
 }
 
-/// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the way.
+/// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the
+/// way; the lease this call may lend `covers` the caller's previous share or not.
 #[allow(clippy::too_many_arguments)]
 pub fn origin_check(
     current: &mut CellLedger,
@@ -295,20 +379,44 @@ pub fn origin_check(
     limit: u64,
     cost: u64,
     now_ms: u64,
+    covers: bool,
 ) -> OriginView {
-    let (others, mine) = current.reserved(instance, now_ms);
+    // A covering lease bounds its holder's own count and its share of the previous window's
+    // weight (its own count there, decayed): the origin counts each such holder at its
+    // ceiling, exactly, and weighs only the rest of the previous cell. Each holder checks its
+    // part in exact arithmetic (rounding its share up is the same for whole units), so
+    // together they never pass what this counts. The caller counts at its live ceiling (in
+    // the terms of the lease this call lends) or its own part now, whichever is more: the
+    // lease this call grants it must fit beside the others.
+    let elapsed = duration.elapsed_ms(duration.sequence(now_ms), now_ms);
+    let counted = previous.own(instance);
+    let share = duration.previous_share(counted, elapsed);
+    let r = current.reserved_with(instance, now_ms, |holder| previous.own(holder));
+    let own = current.own(instance);
+    let live = in_terms(r.ceiling, r.covers, covers, share);
+    let base = if covers {
+        own.saturating_add(share)
+    } else {
+        own
+    };
+    let hold = live.max(base);
     let (prev_others, prev_mine) = previous.reserved(instance, now_ms);
+    let covered = r.previous.saturating_add(if covers { counted } else { 0 });
     let check = LimitCheck {
         counts: WindowCounts {
             current: Counts {
-                regional: current.count().saturating_add(others).saturating_add(mine),
+                regional: current
+                    .count()
+                    .saturating_add(r.others)
+                    .saturating_add(hold - own),
                 global: global[0],
             },
             previous: Counts {
                 regional: previous
                     .count()
                     .saturating_add(prev_others)
-                    .saturating_add(prev_mine),
+                    .saturating_add(prev_mine)
+                    .saturating_sub(covered),
                 global: global[1],
             },
         },
@@ -318,9 +426,11 @@ pub fn origin_check(
     };
     OriginView {
         check,
-        mine,
+        mine: hold - base,
+        share,
+        covers,
         alone: global == [0, 0]
-            && others == 0
+            && r.others == 0
             && prev_others == 0
             && !current.written_by_others(instance)
             && !previous.written_by_others(instance),
@@ -351,7 +461,7 @@ mod tests {
     fn one_writer_is_one_entry_of_one_allocation() {
         let mut c = CellLedger::default();
         c.merge_own("a", 2);
-        let (_, id) = c.lease("a", 10, 0, 5_000);
+        let (_, id) = c.lease("a", 10, 0, false, 0, 5_000);
         c.record(
             "a",
             Counted {
@@ -388,7 +498,7 @@ mod tests {
     fn a_live_lease_is_renewed_under_a_new_id_and_only_by_its_id() {
         let mut c = CellLedger::default();
         c.merge_own("a", 4);
-        assert_eq!(c.lease("a", 10, 0, 1_000), (10, 1_000));
+        assert_eq!(c.lease("a", 10, 0, false, 0, 1_000), (10, 1_000));
         assert_eq!(c.renew("a", 999, 500, 2_000), 0, "not the lease held");
         assert_eq!(c.renew("b", 1_000, 500, 2_000), 0, "b holds none");
         assert_eq!(c.renew("a", 1_000, 500, 2_000), 2_000);
@@ -403,7 +513,7 @@ mod tests {
             (10, 0),
             "the old id no longer names it"
         );
-        let (_, id) = c.lease("a", 1, 1_600, 1_500);
+        let (_, id) = c.lease("a", 1, 0, false, 1_600, 1_500);
         assert_eq!(
             id, 2_001,
             "a later grant's id is still larger than the renewal's"
@@ -415,8 +525,8 @@ mod tests {
     fn a_holder_that_left_the_cell_reserves_nothing_there() {
         let mut c = CellLedger::default();
         c.merge_own("a", 1);
-        let (_, id) = c.lease("a", 8, 0, 1_000);
-        c.lease("b", 2, 0, 1_000);
+        let (_, id) = c.lease("a", 8, 0, false, 0, 1_000);
+        c.lease("b", 2, 0, false, 0, 1_000);
         assert_eq!(c.reserved("b", 10), (8, 2));
         c.retire("a");
         assert_eq!(
@@ -425,20 +535,20 @@ mod tests {
             "a's lease went, whatever its id"
         );
         assert_eq!(c.own("a"), 1, "its count stays");
-        assert!(c.lease("a", 1, 20, 500).1 > id, "ids still grow");
+        assert!(c.lease("a", 1, 0, false, 20, 500).1 > id, "ids still grow");
     }
 
     #[test]
     fn live_leases_are_reserved_until_they_expire() {
         let mut c = CellLedger::default();
         c.merge_own("a", 4);
-        assert_eq!(c.lease("a", 10, 0, 1_000), (10, 1_000));
-        assert_eq!(c.lease("b", 3, 0, 2_000), (3, 2_000));
+        assert_eq!(c.lease("a", 10, 0, false, 0, 1_000), (10, 1_000));
+        assert_eq!(c.lease("b", 3, 0, false, 0, 2_000), (3, 2_000));
         assert_eq!(c.reserved("b", 0), (10, 3));
         c.merge_own("a", 9); // five of a's lease were used and replayed
         assert_eq!(c.reserved("a", 0), (3, 5));
         assert_eq!(
-            c.lease("a", 2, 0, 1_000),
+            c.lease("a", 2, 0, false, 0, 1_000),
             (5, 1_001),
             "never lowered; a new id"
         );
@@ -448,14 +558,18 @@ mod tests {
         c.release("b", 2_000);
         assert_eq!((c.reserved("a", 0), c.leases()), ((0, 0), 0));
         // A clock that did not move (or moved back) still gives a new grant a new id.
-        assert_eq!(c.lease("b", 3, 0, 1_500), (3, 2_001), "ids never repeat");
+        assert_eq!(
+            c.lease("b", 3, 0, false, 0, 1_500),
+            (3, 2_001),
+            "ids never repeat"
+        );
     }
 
     #[test]
     fn a_call_whose_answer_was_lost_is_undone_once() {
         let mut c = CellLedger::default();
         c.add(2);
-        let (_, id) = c.lease("a", 5, 0, 1_000);
+        let (_, id) = c.lease("a", 5, 0, false, 0, 1_000);
         c.record(
             "a",
             Counted {

@@ -434,6 +434,11 @@ pub struct DecideRequest {
     /// The limits, decided all or nothing at the origin.
     #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 32))]
     pub limits: Vec<DecideLimitRequest>,
+    /// Whether the caller counts its share of the previous window's weight against a
+    /// lease's ceiling, so it may be lent covering leases (see `DecideResult::covers`); a
+    /// caller that does not is lent plain ones.
+    #[serde(default)]
+    pub shares: bool,
 }
 
 /// One limit of a `POST /v1/origin/decide` answer.
@@ -462,8 +467,13 @@ pub struct DecideResult {
     /// ...under this id (0 with no lease; a newer lease has a larger id)...
     #[serde(default)]
     pub lease_id: u64,
-    /// ...for this long from its request (milliseconds).
+    /// ...for this long from its request (milliseconds)...
     pub lease_ms: u64,
+    /// ...and whether it covers the caller's share of the previous window's weight: the
+    /// caller's own count plus that share (its own count of the previous cell, decayed and
+    /// rounded up) may reach `used + lease`, rather than its own count alone.
+    #[serde(default)]
+    pub covers: bool,
 }
 
 /// `POST /v1/origin/decide` answer.
@@ -504,6 +514,8 @@ pub struct DecideRef<'a> {
     pub call: u64,
     /// Undo the caller's counted calls from this id on (0: nothing).
     pub undo_from: u64,
+    /// Whether the caller may be lent a covering lease (`DecideRequest::shares`).
+    pub shares: bool,
 }
 
 /// A validated replay event.
@@ -702,6 +714,7 @@ impl DecideRequest {
                     release: l.release,
                     call: l.call,
                     undo_from: l.undo_from,
+                    shares: self.shares,
                 })
             })
             .collect()

@@ -37,6 +37,7 @@ pub fn warm(table: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: 
         lease,
         lease_id: u64::from(lease > 0),
         lease_ms: 5_000,
+        covers: false,
     };
     assert!(table.finish(&call, &[answer], now_ms).unwrap().success);
 }

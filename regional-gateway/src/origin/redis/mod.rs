@@ -170,9 +170,12 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// previous global, the id of the lease given back (0: none), this region's published counts
 /// of the current and previous cells, undo from (0: nothing), this call's id (0: none), how
 /// long a lease may be used (ms), whether the caller left the previous cell (1: its lease
-/// there goes).
-/// Returns {ok, current count, previous count, own count, lease, current reserved,
-/// previous reserved, lease id, the caller's lease record it replaced ('' if none)}.
+/// there goes), whether the caller counts its previous share (1: it may be lent a covering
+/// lease).
+/// Returns {ok, current count, previous count, own count, lease, current reserved (the
+/// caller's share of the previous window's weight included), the previous count as weighed
+/// (its reservations in, the current cell's holders' own counts out), lease id, the caller's
+/// lease record it replaced ('' if none), whether the lease covers (1)}.
 ///
 /// Each of the four hashes is read once (`HGETALL`), a pass writes the cell and its leases
 /// with one `HSET` each, and only a hash the call made gets an expiry: a pass on a key seen
@@ -244,10 +247,15 @@ local drop_own = false
 local function release(id)
   if id ~= '0' and names_lease(h[3][inst], id) then drop_own = true end
 end
--- what live leases on cell i (leases in hash i + 2) may still admit, the others' and the
--- caller's; expired ones are dropped
+local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local seq = math.floor(now / d)
+local elapsed = now - seq * d
+-- CellLedger::reserved_with: what live leases on cell i (leases in hash i + 2) may still
+-- admit beyond their holders' own counts, the others' and the caller's ceiling (and whether
+-- it covers), and on cell 1 the others' own counts of cell 2 their covering leases cover; a
+-- covering lease's record is "<ceiling>c:<until_ms>"; expired ones are dropped
 local function reserved(i, now)
-  local others, mine, holders = 0, 0, 1
+  local others, ceiling, holders, covered, ccov = 0, 0, 1, 0, false
   for holder, v in pairs(h[i + 2]) do
     local sep = string.find(v, ':', 1, true)
     if i == 1 and holder == inst and drop_own then
@@ -258,17 +266,22 @@ local function reserved(i, now)
     elseif tonumber(string.sub(v, sep + 1)) <= now then
       if i == 1 and holder == inst then drop_own = true else del(i + 2, holder) end
     else
-      local ceiling = tonumber(string.sub(v, 1, sep - 1))
-      local own = num(i, 'o:' .. holder)
-      if holder ~= inst then holders = holders + 1 end
-      if ceiling > own then
-        if holder == inst then mine = mine + (ceiling - own) else others = others + (ceiling - own) end
+      local cs = string.sub(v, 1, sep - 1)
+      local cov = string.sub(cs, -1) == 'c'
+      if cov then cs = string.sub(cs, 1, -2) end
+      local c = tonumber(cs)
+      if holder == inst then
+        ceiling, ccov = c, cov
+      else
+        holders = holders + 1
+        local own = num(i, 'o:' .. holder)
+        if c > own then others = others + (c - own) end
+        if i == 1 and cov then covered = covered + num(2, 'o:' .. holder) end
       end
     end
   end
-  return others, mine, holders
+  return others, ceiling, holders, covered, ccov
 end
-local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 -- Leases live on Redis's clock, one for every gateway of the region: a gateway whose clock
 -- runs ahead must not see another's lease as expired while its holder still uses it.
 local t = redis.call('TIME')
@@ -302,18 +315,41 @@ for i = 1, 2 do
 end
 local cur = num(1, 'n')
 local prev = num(2, 'n')
--- every live lease counts as used, the caller's too (its in-flight passes may use it)
-local others, mine, holders = reserved(1, clock)
-local rc = others + mine
-local po, pm = reserved(2, clock)
-local rp = po + pm
-local seq = math.floor(now / d)
-local elapsed = now - seq * d
+-- origin_check: every live lease counts as used, the caller's too (its in-flight passes may
+-- use it); a lease covers its holder's share of the previous window's weight, so the
+-- previous cell weighs without the holders' own counts there, and the caller counts as a
+-- holder at its ceiling or its own part now (its share rounded up), whichever is more
+local others, ceiling, holders, covered, ccov = reserved(1, clock)
+local po, pceiling = reserved(2, clock)
+-- lease::covers: a covering lease only to a caller that counts its share, on a limit of at
+-- least COVER_FACTOR costs per holder
+local covers = ARGV[20] == '1' and limit >= COVER_FACTOR * math.max(cost, 1) * holders
+local pown = num(2, 'o:' .. inst)
+-- WindowDuration::previous_share: the caller's own count of cell 2, decayed, rounded up
+local rshare = pown - muldiv(pown, elapsed, d)
+local pshare = 0
+if covers then pshare = rshare end
+-- ledger::in_terms: the caller's live ceiling in the terms of the lease this call lends
+local function in_terms(c, was)
+  if c > 0 and covers and not was then return c + rshare end
+  if was and not covers then return math.max(c - rshare, 0) end
+  return c
+end
+local live = in_terms(ceiling, ccov)
+local own0 = num(1, 'o:' .. inst)
+local base = own0 + pshare
+local hold = math.max(live, base)
+local mine = hold - base
+local rc = others + hold - own0
+local pm = math.max(pceiling - pown, 0)
+local pw = prev + po + pm - covered
+if covers then pw = pw - pown end
+pw = math.max(pw, 0)
 local cg, pg = tonumber(ARGV[11]), tonumber(ARGV[12])
-local used = cur + rc + cg + muldiv(prev + rp + pg, d - elapsed, d)
+local used = cur + rc + cg + muldiv(pw + pg, d - elapsed, d)
 local ok = 0
 if limit > 0 and used + cost <= limit then ok = 1 end
-local lease, lease_id, before = 0, 0, ''
+local lease, lease_id, before, lease_covers = 0, 0, '', 0
 -- CellLedger::written_by_others on cell i: another process's own count, lease id or call
 local function written_by_others(i)
   for f in pairs(h[i]) do
@@ -328,17 +364,18 @@ if ok == 1 and ARGV[10] ~= '1' then
   -- the cell's writes, one HSET: a pass decided here is counted in the region's count only
   -- (no one replays it)
   local fv = {}
+  local own = own0
   if cost > 0 then
     cur = cur + cost
     fv[1], fv[2] = 'n', string.format('%d', cur)
   end
   -- lease::available: the caller's live lease is raised, not added to, so what it held is
-  -- available to it; a caller alone on the key is also lent the room the previous window's
-  -- decay frees before the lease ends (ARGV[18], the lease's lifetime)
+  -- available to it; a plain lease to a caller alone on the key also lends the room the
+  -- previous window's decay frees before the lease ends (ARGV[18], the lease's lifetime)
   local available = limit - used - cost + mine
   local alone = cg == 0 and pg == 0 and others == 0 and po == 0 and not written_by_others(1) and not written_by_others(2)
-  if alone then
-    local p = prev + rp + pg
+  if alone and not covers then
+    local p = pw + pg
     local later = math.min(elapsed + tonumber(ARGV[18]), d)
     available = available + muldiv(p, d - elapsed, d) - muldiv(p, d - later, d)
   end
@@ -350,10 +387,11 @@ if ok == 1 and ARGV[10] ~= '1' then
   local grant = math.min(tonumber(ARGV[8]), above + small)
   -- alone, within one small share: all of it
   if alone and available <= share then grant = math.min(tonumber(ARGV[8]), available) end
-  local own = num(1, 'o:' .. inst)
-  local ceiling = math.max(own + mine, own + grant)
-  if ceiling > own then
-    lease = ceiling - own
+  -- CellLedger::lease: a covering ceiling counts the caller's previous share beside its own
+  -- count
+  local raised = math.max(live, own + pshare + grant)
+  if raised > own then
+    lease = raised - own
     -- ids strictly increase per holder, across dropped leases too ('i:<instance>' keeps the
     -- last), so a release names exactly one grant and a holder recognises a new one
     lease_id = clock + tonumber(ARGV[9])
@@ -361,7 +399,10 @@ if ok == 1 and ARGV[10] ~= '1' then
     if last >= lease_id then lease_id = last + 1 end
     fv[#fv + 1], fv[#fv + 2] = 'i:' .. inst, string.format('%d', lease_id)
     if not drop_own then before = h[3][inst] or '' end
-    set(3, {inst, string.format('%d:%d', ceiling, lease_id)})
+    local mark = ''
+    if covers then mark = 'c' end
+    set(3, {inst, string.format('%d%s:%d', raised, mark, lease_id)})
+    lease_covers = covers and 1 or 0
     drop_own = false
   end
   if ARGV[17] ~= '0' then
@@ -373,7 +414,7 @@ if drop_own then del(3, inst) end
 for i = 1, 4 do
   if made[i] and size[i] > 0 then redis.call('PEXPIRE', KEYS[i], d * 3) end
 end
-return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, rp, lease_id, before}
+return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, lease_covers}
 "#;
 
 /// The decide script with the core's lease constants written in, so the port cannot drift
@@ -387,6 +428,10 @@ fn decide_lua() -> String {
         .replace(
             "EXACT_ZONE_DIVISOR",
             &strata_core::lease::EXACT_ZONE_DIVISOR.to_string(),
+        )
+        .replace(
+            "COVER_FACTOR",
+            &strata_core::lease::COVER_FACTOR.to_string(),
         )
 }
 
@@ -459,7 +504,7 @@ impl std::fmt::Debug for RedisOrigin {
 }
 
 /// What the decide script answered for one limit.
-type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String);
+type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String, u8);
 
 /// Takes back one counted limit of a multi-limit request another limit denied: the cost, and
 /// the lease it granted (the record it replaced comes back), unless a newer grant replaced it.
@@ -574,9 +619,10 @@ impl RedisOrigin {
                 .arg(l.call)
                 .arg(lease_ms)
                 .arg(u8::from(l.left_previous))
+                .arg(u8::from(l.shares))
                 .invoke_async(conn)
                 .await;
-            let (ok, cur, prev, used, lease, rc, rp, lease_id, held) = match reply {
+            let (ok, cur, prev, used, lease, rc, weighed, lease_id, held, covers) = match reply {
                 Ok(reply) => reply,
                 Err(e) => {
                     // What the earlier limits counted is taken back before the caller falls
@@ -599,7 +645,7 @@ impl RedisOrigin {
                         global: l.global[0],
                     },
                     previous: strata_core::Counts {
-                        regional: prev.saturating_add(rp),
+                        regional: weighed,
                         global: l.global[1],
                     },
                 },
@@ -635,6 +681,7 @@ impl RedisOrigin {
                 used,
                 lease,
                 lease_id,
+                covers: covers == 1 && lease_id != 0,
             });
             replaced.push(held);
         }

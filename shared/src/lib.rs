@@ -73,6 +73,7 @@
 //!                 lease: 1,
 //!                 lease_id: 1_700_000_006_000,
 //!                 lease_ms: 5_000,
+//!                 covers: false, // a plain lease: a limit of 10 is under 200 per holder
 //!             }],
 //!         };
 //!         match call.answers(&response) {

@@ -154,6 +154,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 l.cost,
                 now_ms,
                 covers,
+                l.used[1],
             );
             *ledgers.ledger(key, prev, now_ms) = previous;
             view

@@ -368,7 +368,10 @@ pub struct OriginView {
 }
 
 /// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the
-/// way; the lease this call may lend `covers` the caller's previous share or not.
+/// way; the lease this call may lend `covers` the caller's previous share or not, the share
+/// of `said`, the caller's own count of the previous cell as its call says it (a process
+/// that lost its state, an evicted table entry, counts from 0: its share is what it counts,
+/// never what the origin remembers).
 #[allow(clippy::too_many_arguments)]
 pub fn origin_check(
     current: &mut CellLedger,
@@ -380,6 +383,7 @@ pub fn origin_check(
     cost: u64,
     now_ms: u64,
     covers: bool,
+    said: u64,
 ) -> OriginView {
     // A covering lease bounds its holder's own count and its share of the previous window's
     // weight (its own count there, decayed): the origin counts each such holder at its
@@ -389,7 +393,7 @@ pub fn origin_check(
     // the terms of the lease this call lends) or its own part now, whichever is more: the
     // lease this call grants it must fit beside the others.
     let elapsed = duration.elapsed_ms(duration.sequence(now_ms), now_ms);
-    let counted = previous.own(instance);
+    let counted = previous.own(instance).min(said);
     let share = duration.previous_share(counted, elapsed);
     let r = current.reserved_with(instance, now_ms, |holder| previous.own(holder));
     let own = current.own(instance);
@@ -586,6 +590,42 @@ mod tests {
         assert_eq!(c.undo("a", 6), 2, "undone: the count and its lease");
         assert_eq!((c.count(), c.reserved("a", 0)), (0, (0, 0)));
         assert_eq!(c.undo("a", 6), 0, "once");
+    }
+
+    #[test]
+    fn a_caller_that_forgot_its_previous_count_is_lent_no_share_of_it() {
+        let minute = WindowDuration::from_ms(60_000).unwrap();
+        let mut previous = CellLedger::default();
+        previous.merge_own("a", 30);
+        let mut current = CellLedger::default();
+        // 15 s into the window: a's 30 weigh 22.5, its share rounded up 23.
+        let now = 60_000 * 100 + 15_000;
+        let mut check = |said| {
+            origin_check(
+                &mut current,
+                &mut previous,
+                "a",
+                [0, 0],
+                minute,
+                1_000,
+                1,
+                now,
+                true,
+                said,
+            )
+        };
+        let (told, forgot) = (check(30), check(0));
+        assert_eq!((told.share, forgot.share), (23, 0));
+        let counts = |v: &OriginView| {
+            let c = v.check.counts;
+            (c.current.regional, c.previous.regional)
+        };
+        assert_eq!(counts(&told), (23, 0), "its share, counted for it");
+        assert_eq!(
+            counts(&forgot),
+            (0, 30),
+            "an evicted entry counts from 0: the 30 stay in the previous term"
+        );
     }
 
     #[test]

@@ -116,14 +116,18 @@ where
         start.linear_bytes
     );
 
-    // The hot key stays exact throughout.
-    assert_eq!(
-        hot_passed, LIMIT,
+    // The hot key stays exact throughout: never over its limit, and under it by at most the
+    // room a process that lost a race leaves to its rival (one request's cost under a limit
+    // of 100: `strata_core::lease::max_rivals`; the README's "How the gateway decides"). Its
+    // count at the gateway is what was admitted, once each.
+    let rival = strata_core::lease::max_rivals(LIMIT, 1);
+    assert!(
+        (LIMIT - rival..=LIMIT).contains(&hot_passed),
         "{runtime}: the hot key admitted {hot_passed}"
     );
     assert_eq!(
-        s.settles_at("e2e", &format!("key={hot}"), LIMIT).await,
-        LIMIT,
+        s.settles_at("e2e", &format!("key={hot}"), hot_passed).await,
+        hot_passed,
         "{runtime}: the hot key's count at the gateway"
     );
     // Each flood key is far from its limit: both of its requests pass.

@@ -324,8 +324,11 @@ local po, pceiling = reserved(2, clock)
 -- lease::covers: a covering lease only to a caller that counts its share, on a limit of at
 -- least COVER_FACTOR costs per holder
 local covers = ARGV[20] == '1' and limit >= COVER_FACTOR * math.max(cost, 1) * holders
-local pown = num(2, 'o:' .. inst)
--- WindowDuration::previous_share: the caller's own count of cell 2, decayed, rounded up
+-- the caller's own count of cell 2, as this origin holds it and, for its share, as its call
+-- says it (a process that lost its state counts from 0)
+local pcount = num(2, 'o:' .. inst)
+local pown = math.min(pcount, tonumber(ARGV[7]))
+-- WindowDuration::previous_share: that count decayed, rounded up
 local rshare = pown - muldiv(pown, elapsed, d)
 local pshare = 0
 if covers then pshare = rshare end
@@ -341,7 +344,7 @@ local base = own0 + pshare
 local hold = math.max(live, base)
 local mine = hold - base
 local rc = others + hold - own0
-local pm = math.max(pceiling - pown, 0)
+local pm = math.max(pceiling - pcount, 0)
 local pw = prev + po + pm - covered
 if covers then pw = pw - pown end
 pw = math.max(pw, 0)

@@ -223,10 +223,14 @@ async fn quiet_keys_are_replayed_about_once_a_second_and_nothing_is_lost() {
         start.elapsed()
     );
     assert_eq!(decisions, (20 * sent) as f64);
-    // Every pass would replay each key about 25 times (500 cells); paced, about 3 times each.
+    // Every pass would replay each key on each of the run's 25 passes (500 cells); paced, a
+    // quiet cell goes on its turn, one pass in ten: 103-120 cells on an idle machine, 170
+    // under the test command's load. Bounded by the run's length, not by the requests sent,
+    // which a loaded client sends fewer of (560 against 660).
+    let bound = 20.0 * 4.0 * start.elapsed().as_secs_f64();
     assert!(
-        replayed * 4.0 <= decisions,
-        "{replayed} replayed cells for {decisions} decisions"
+        replayed <= bound,
+        "{replayed} replayed cells for {decisions} decisions (bound {bound:.0})"
     );
     let seq = strata_gateway::clock::Clock::system().now_ms() / MONTH;
     let cells: Vec<Value> = ids

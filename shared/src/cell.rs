@@ -292,7 +292,12 @@ impl WindowState {
     /// as its lease counts it: the room its own past passes still hold, freed as the window
     /// goes, if the lease in use covers it ([`LeaseState::covers`]), else none.
     pub fn lease_share(&self, duration: WindowDuration, now_ms: u64) -> u64 {
-        if !self.lease.covers() {
+        self.share_if(self.lease.covers(), duration, now_ms)
+    }
+
+    /// [`lease_share`](Self::lease_share) for a lease that `covers` or not.
+    pub(crate) fn share_if(&self, covers: bool, duration: WindowDuration, now_ms: u64) -> u64 {
+        if !covers {
             return 0;
         }
         let elapsed = duration.elapsed_ms(self.sequence, now_ms);

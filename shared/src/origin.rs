@@ -166,12 +166,7 @@ impl WindowState {
             // This process's previous share now: the room its own past passes free as the
             // previous window decays, which a covering lease's ceiling counts beside its own
             // count.
-            let elapsed = duration.elapsed_ms(self.sequence, now_ms);
-            let share = if answer.covers {
-                duration.previous_share(self.previous.own, elapsed)
-            } else {
-                0
-            };
+            let share = self.share_if(answer.covers, duration, now_ms);
             let cell = &mut self.current;
             cell.own = cell.own.max(answer.used);
             cell.acked = cell.acked.max(answer.used);

@@ -142,8 +142,6 @@ pub fn decide<L: Ledgers + ?Sized>(
             }
             previous.raise(l.floor[1]);
             let current = ledgers.ledger(key, sequence, now_ms);
-            let holders = current.holders(instance, now_ms);
-            let covers = l.shares && lease::covers(l.limit, l.cost, holders);
             let view = origin_check(
                 current,
                 &mut previous,
@@ -153,7 +151,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 l.limit,
                 l.cost,
                 now_ms,
-                covers,
+                l.shares,
                 l.used[1],
             );
             *ledgers.ledger(key, prev, now_ms) = previous;
@@ -179,8 +177,7 @@ pub fn decide<L: Ledgers + ?Sized>(
             if multi.success {
                 current.add(l.cost);
                 let available = lease::available(decision.remaining, view, now_ms, lease_ms);
-                let holders = current.holders(instance, now_ms);
-                let grant = lease::grant(l.want, available, l.limit, holders, view.alone);
+                let grant = lease::grant(l.want, available, l.limit, view.holders, view.alone);
                 (granted, lease_id) =
                     current.lease(instance, grant, view.share, view.covers, now_ms, until);
                 current.record(

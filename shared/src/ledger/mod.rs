@@ -227,12 +227,7 @@ impl CellLedger {
                 .map_or(0, |l| in_terms(l.ceiling, l.covers, covers, share));
             (h.own, live)
         });
-        let base = if covers {
-            own.saturating_add(share)
-        } else {
-            own
-        };
-        let ceiling = live.max(base.saturating_add(lease));
+        let ceiling = live.max(own_part(own, share, covers).saturating_add(lease));
         if ceiling <= own {
             return (0, 0);
         }
@@ -345,6 +340,16 @@ pub fn in_terms(ceiling: u64, was: bool, covers: bool, share: u64) -> u64 {
     }
 }
 
+/// What a lease that `covers` the holder's previous `share` or not bounds: its own count,
+/// plus that share if it covers it.
+fn own_part(own: u64, share: u64, covers: bool) -> u64 {
+    if covers {
+        own.saturating_add(share)
+    } else {
+        own
+    }
+}
+
 /// What an origin decides one limit of a caller with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OriginView {
@@ -360,6 +365,9 @@ pub struct OriginView {
     /// Whether the lease this call lends covers the caller's share
     /// ([`crate::lease::covers`]).
     pub covers: bool,
+    /// Live leases on the current cell, the caller counted as one whether it holds one or not
+    /// ([`CellLedger::holders`]).
+    pub holders: u64,
     /// Whether no other process wrote to either cell (passed, held a lease, or was denied
     /// there) and no other region counted any: then whatever the others admit is decided
     /// here, against the caller's whole reservation, and none of them is likely to be waiting
@@ -368,8 +376,8 @@ pub struct OriginView {
 }
 
 /// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the
-/// way; the lease this call may lend `covers` the caller's previous share or not, the share
-/// of `said`, the caller's own count of the previous cell as its call says it (a process
+/// way; the lease this call may lend covers the caller's previous share if it `shares` and the
+/// limit allows it ([`crate::lease::covers`]), the share of `said`, the caller's own count of the previous cell as its call says it (a process
 /// that lost its state, an evicted table entry, counts from 0: its share is what it counts,
 /// never what the origin remembers).
 #[allow(clippy::too_many_arguments)]
@@ -382,9 +390,11 @@ pub fn origin_check(
     limit: u64,
     cost: u64,
     now_ms: u64,
-    covers: bool,
+    shares: bool,
     said: u64,
 ) -> OriginView {
+    let holders = current.holders(instance, now_ms);
+    let covers = shares && crate::lease::covers(limit, cost, holders);
     // A covering lease bounds its holder's own count and its share of the previous window's
     // weight (its own count there, decayed): the origin counts each such holder at its
     // ceiling, exactly, and weighs only the rest of the previous cell. Each holder checks its
@@ -398,11 +408,7 @@ pub fn origin_check(
     let r = current.reserved_with(instance, now_ms, |holder| previous.own(holder));
     let own = current.own(instance);
     let live = in_terms(r.ceiling, r.covers, covers, share);
-    let base = if covers {
-        own.saturating_add(share)
-    } else {
-        own
-    };
+    let base = own_part(own, share, covers);
     let hold = live.max(base);
     let (prev_others, prev_mine) = previous.reserved(instance, now_ms);
     let covered = r.previous.saturating_add(if covers { counted } else { 0 });
@@ -433,6 +439,7 @@ pub fn origin_check(
         mine: hold - base,
         share,
         covers,
+        holders,
         alone: global == [0, 0]
             && r.others == 0
             && prev_others == 0

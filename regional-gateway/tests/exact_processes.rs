@@ -69,8 +69,14 @@ async fn admit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64)
 
 /// The gateway's origin decide calls so far (all results), from `/metrics`.
 async fn origin_decides(http: &reqwest::Client, base: &str) -> f64 {
+    origin_calls(http, base, "decide").await
+}
+
+/// The gateway's origin calls of kind `op` so far, from `/metrics`.
+async fn origin_calls(http: &reqwest::Client, base: &str, op: &str) -> f64 {
+    let op = format!("op=\"{op}\"");
     common::metric_sum(&common::metrics(http, base).await, |l| {
-        l.starts_with("strata_origin_calls_total") && l.contains("op=\"decide\"")
+        l.starts_with("strata_origin_calls_total") && l.contains(&op)
     })
 }
 
@@ -121,9 +127,14 @@ async fn paced_clients(
 
 /// The decide calls every one of `gateways` made to its origin so far.
 async fn decides_at(http: &reqwest::Client, gateways: &[Gateway]) -> f64 {
+    calls_at(http, gateways, "decide").await
+}
+
+/// The origin calls of kind `op` every gateway of `gateways` made so far.
+async fn calls_at(http: &reqwest::Client, gateways: &[Gateway], op: &str) -> f64 {
     let mut sum = 0.0;
     for g in gateways {
-        sum += origin_decides(http, &g.base).await;
+        sum += origin_calls(http, &g.base, op).await;
     }
     sum
 }
@@ -315,7 +326,9 @@ async fn two_gateways_over_a_limit_ask_about_once_per_freed_unit() {
 
 /// Three gateway processes sharing a key paced at its limit keep their pace from covering
 /// leases: each is lent the room its own past passes free as the previous window decays, so
-/// most requests pass from memory and no window admits more than the limit.
+/// most requests pass from memory and no window admits more than the limit. The region is
+/// alone (no other region announced), so what each lease covers is replayed as the lease
+/// ends or with the holder's next decision, not on a turn every second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     const GATEWAYS: usize = 3;
@@ -327,17 +340,36 @@ async fn gateways_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     let gateways = start_gateways(&redis, GATEWAYS).await;
     let identifier = fresh("paced");
     let metrics = client();
+    // Alone once two announcements, 10 s apart, found no other region.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for g in &gateways {
+        loop {
+            let page = common::metrics(&metrics, &g.base).await;
+            if common::metric_sum(&page, |l| l.starts_with("strata_global_alone ")) == 1.0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: not alone after 30 s",
+                g.base
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let before = decides_at(&metrics, &gateways).await;
+    let replays_before = calls_at(&metrics, &gateways, "replay").await;
     // Each gateway's client at a third of the limit's rate: one request every 10 ms.
     let every = Duration::from_millis(10);
     let (sent, by_window) =
         paced_clients(&gateways, &identifier, LIMIT, WINDOW_MS, every, RUN).await;
     let after = decides_at(&metrics, &gateways).await;
+    let replays = calls_at(&metrics, &gateways, "replay").await - replays_before;
     let admitted: u64 = by_window.values().sum();
     let decides = after - before;
     let per_1000 = decides * 1_000.0 / sent as f64;
+    let replays_per_second = replays / (GATEWAYS as f64 * RUN.as_secs_f64());
     println!(
-        "{GATEWAYS} gateways paced at a limit of {LIMIT} per 2 s: {sent} requests, {admitted} admitted ({by_window:?} by window end), {decides} origin decisions ({per_1000:.1} per 1,000)"
+        "{GATEWAYS} gateways paced at a limit of {LIMIT} per 2 s: {sent} requests, {admitted} admitted ({by_window:?} by window end), {decides} origin decisions ({per_1000:.1} per 1,000), {replays} replay calls ({replays_per_second:.2} a gateway a second)"
     );
     for (reset, n) in &by_window {
         assert!(
@@ -350,6 +382,12 @@ async fn gateways_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     assert!(
         per_1000 <= 100.0,
         "{per_1000:.1} origin decisions per 1,000"
+    );
+    // With a quiet turn each gateway replayed 1.5 cells a second (a turn a second, and the
+    // lease ends); without, 0.38-0.58.
+    assert!(
+        replays_per_second <= 0.75,
+        "{replays} replay calls: {replays_per_second:.2} a gateway a second"
     );
 }
 

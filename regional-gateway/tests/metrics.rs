@@ -96,6 +96,7 @@ fn expected() -> BTreeSet<String> {
         "strata_global_unpublished_dropped_total",
         "strata_global_breaker_open",
         "strata_global_regions",
+        "strata_global_alone",
     ] {
         all.insert(name.to_string());
     }

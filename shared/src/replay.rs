@@ -243,10 +243,15 @@ impl WindowState {
 /// How a paced replay pass treats quiet cells ([`WindowState::is_quiet`]): each waits for its
 /// turn, one pass in `passes` (staggered over the table, so every pass carries a share), and
 /// goes at once when it stops being quiet. A key under the publish floor then costs the origin
-/// one replayed cell per `passes` passes, not one per pass that found it used.
+/// one replayed cell per `passes` passes, not one per pass that found it used. While no other
+/// region is live, a quiet cell has no turn: nothing outside the region reads its count, the
+/// origin reserves its cost under the lease, and the cost goes with the holder's next decision
+/// or once the lease nears its end (a key in steady use then costs the origin about one call
+/// per lease, not one a second).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuietPace {
-    /// A quiet cell is replayed on one pass in this many (1: every pass).
+    /// A quiet cell is replayed on one pass in this many (1: every pass; 0: on none, it
+    /// waits until it stops being quiet).
     pub passes: u32,
     /// Which pass this is (the shell counts its replay ticks; batches sent back to back in
     /// one tick are one pass, so a full batch does not bring the next turn early).
@@ -276,17 +281,28 @@ pub const QUIET_REPLAY_MS: u64 = 1_000;
 impl QuietPace {
     /// The pace of the `pass`-th replay pass of a shell that replays every `interval_ms` and
     /// whose origin grants leases of `lease_ms`: a quiet cell goes on one pass in
-    /// [`QUIET_REPLAY_MS`], and never waits within the renewal window (the last quarter of a
-    /// lease) plus one pass of its lease's end.
+    /// [`QUIET_REPLAY_MS`] (on none while no other region is live: `publish` is `None`), and
+    /// never waits within the renewal window (the last quarter of a lease) plus one pass of
+    /// its lease's end.
     pub fn new(pass: u32, interval_ms: u64, publish: Option<PublishPolicy>, lease_ms: u64) -> Self {
-        let passes = QUIET_REPLAY_MS / interval_ms.max(1);
+        let passes = match publish {
+            None => 0,
+            Some(_) => u32::try_from(QUIET_REPLAY_MS / interval_ms.max(1))
+                .unwrap_or(u32::MAX)
+                .max(1),
+        };
         Self {
-            passes: u32::try_from(passes).unwrap_or(u32::MAX).max(1),
+            passes,
             pass,
             publish,
             margin_ms: renewal_window(lease_ms).saturating_add(interval_ms),
             interval_ms,
         }
+    }
+
+    /// Whether this pass is the turn of the table's slot `slot` (staggered by slot).
+    fn is_turn(&self, slot: u32) -> bool {
+        self.passes > 0 && slot.wrapping_add(self.pass) % self.passes == 0
     }
 }
 
@@ -334,7 +350,7 @@ impl CounterTable {
             let live = slab.is_live(i);
             let slot = &mut slab.slots[i];
             // Not this slot's turn: a quiet cell waits.
-            let hold = pace.filter(|p| turn.wrapping_add(p.pass) % p.passes.max(1) != 0);
+            let hold = pace.filter(|p| !p.is_turn(turn));
             if !(live
                 && slot.state.take_replay_events_paced(
                     &slot.key,

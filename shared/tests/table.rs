@@ -711,9 +711,9 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
 }
 
 /// With no other region live to import the region's count, a cell over the publish floor and
-/// near its limit is paced like a quiet one, up to one pass before its lease ends (it is not
-/// renewed; the pass after the end delivers within the origin's grace); with another region
-/// live it goes on every pass.
+/// near its limit is held back like a quiet one, with no turn, up to one pass before its lease
+/// ends (it is not renewed; the pass after the end delivers within the origin's grace); with
+/// another region live it goes on every pass.
 #[test]
 fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
     let minute = WindowDuration::from_ms(60_000).unwrap();
@@ -751,8 +751,29 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
             })
             .count()
     };
-    assert_eq!(passes_held(alone), 9, "one pass in ten");
+    assert_eq!(alone.passes, 0);
+    assert_eq!(
+        passes_held(alone),
+        10,
+        "no turn: it waits for its lease's end"
+    );
     assert_eq!(passes_held(shared), 0, "every pass");
+    // Held on every pass up to one pass before the end, then sent whole.
+    let mut t = setup();
+    let mut sent = Vec::new();
+    for (pass, now) in (T0 + 100..end).step_by(100).enumerate() {
+        let paced = Some(QuietPace {
+            pass: u32::try_from(pass).unwrap(),
+            ..alone
+        });
+        let batch = t.take_replay_from(1_000, now, paced, 0).0;
+        if !batch.is_empty() {
+            sent.push((now, batch.events[0].used));
+        }
+    }
+    assert_eq!(sent.len(), 1, "one replay for the whole lease: {sent:?}");
+    assert!(sent[0].0 + 100 >= end, "within a pass of the end: {sent:?}");
+    assert_eq!(sent[0].1, state.current().own(), "what waited, whole");
 }
 
 #[test]

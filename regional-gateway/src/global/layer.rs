@@ -99,6 +99,7 @@ pub struct GlobalMetrics {
     unpublished_dropped: Counter,
     breaker_open: Gauge,
     regions: Gauge,
+    alone: Gauge,
 }
 
 /// The region's counts as this gateway knows them, and the imported components.
@@ -460,6 +461,11 @@ impl Global {
             "Regions seen publishing lately, which share the publish floor",
             m.regions.clone(),
         );
+        r.register(
+            "strata_global_alone",
+            "1 while no other region is live (the last two announcements found none): no cell's count is needed elsewhere, so a cell its lease covers waits for the lease's end to be replayed",
+            m.alone.clone(),
+        );
     }
 
     /// Copies in the values the view and the breaker own, before a scrape.
@@ -471,6 +477,7 @@ impl Global {
         m.breaker_open.set(i64::from(self.breaker_open()));
         m.regions
             .set(i64::try_from(self.regions()).unwrap_or(i64::MAX));
+        m.alone.set(i64::from(self.alone()));
     }
 }
 

@@ -18,7 +18,7 @@ use common::envoy::Envoy;
 use common::slow::SlowProxy;
 use common::stack::{
     RENEWING, Stack, admitted, admitted_by, assert_renewed, burst, conformance_rules, get, header,
-    rivals_rule, stack, stack_with, steady_use,
+    paced_rule, rivals_rule, stack, stack_with, steady_use,
 };
 use common::upstream::port_of;
 use serde_json::{Value, json};
@@ -195,6 +195,15 @@ async fn a_lease_left_behind_by_a_quiet_envoy_goes_back_with_its_next_replay() {
     let a = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
     let b = envoy(&s, &json!([rivals_rule()]), &json!({})).await;
     s.quiet_holder_row("Envoy", [&a.base, &b.base]).await;
+}
+
+/// The paced row (`Stack::paced_row`) through two Envoys (two workers each): covering leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_paced_at_a_limit_keep_their_pace_from_covering_leases() {
+    let s = stack().await;
+    let a = envoy(&s, &json!([paced_rule()]), &json!({})).await;
+    let b = envoy(&s, &json!([paced_rule()]), &json!({})).await;
+    s.paced_row("Envoy", [&a.base, &b.base]).await;
 }
 
 /// The rivals row (`Stack::rivals_row`) through two Envoys (two workers each).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::hostile;
 use common::stack::{
     RENEWING, Stack, admitted, admitted_by, assert_renewed, burst, conformance_rules, get, header,
-    now_ms, per_key_rules, rivals_rule, stack, stack_with, steady_use,
+    now_ms, paced_rule, per_key_rules, rivals_rule, stack, stack_with, steady_use,
 };
 use common::workerd::Workerd;
 use serde_json::{Value, json};
@@ -131,6 +131,14 @@ async fn two_workerd_processes_over_a_limit_ask_about_once_per_freed_unit() {
     let s = stack().await;
     let (a, b) = two_edges(&s, &json!({"rules": [rivals_rule()]}).to_string()).await;
     s.rivals_row("workerd", [&a.base, &b.base]).await;
+}
+
+/// The paced row (`Stack::paced_row`) through two workerd processes: covering leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workerd_processes_paced_at_a_limit_keep_their_pace_from_covering_leases() {
+    let s = stack().await;
+    let (a, b) = two_edges(&s, &json!({"rules": [paced_rule()]}).to_string()).await;
+    s.paced_row("workerd", [&a.base, &b.base]).await;
 }
 
 /// The quiet-holder row (`Stack::quiet_holder_row`) through two workerd processes.

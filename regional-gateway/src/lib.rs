@@ -340,6 +340,10 @@ const EARLY_FLUSH_SPACING: Duration = Duration::from_millis(500);
 /// How often a gateway says its region publishes and counts the regions that do (two short
 /// statements); a region unseen for three times as long no longer shares the floor.
 const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(10);
+/// The second announcement's delay after the first: a region started beside this one has
+/// announced by then, and two announcements finding none make the region alone
+/// (`Global::alone`) within seconds of the start rather than an interval.
+const ANNOUNCE_RECHECK: Duration = Duration::from_secs(2);
 
 /// Flush, announce and cleanup of the global table, each on its own cadence, and a flush soon
 /// after a cell becomes worth publishing (other regions should not wait a tick to learn of it);
@@ -353,6 +357,7 @@ async fn publish_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
     let mut clean = Cadence::new(start, s.cleanup_interval, 0.0);
     let mut announce = Cadence::new(start, ANNOUNCE_INTERVAL, s.sync_jitter);
     announce.due = start;
+    let mut announced = false;
     let mut last_flush = start;
     let mut migrated = false;
     loop {
@@ -388,6 +393,10 @@ async fn publish_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>)
                     Err(e) => tracing::warn!(error = %e, "announcing the region failed"),
                 }
                 announce.advance();
+                if !announced {
+                    announce.due = announce.due.min(tokio::time::Instant::now() + ANNOUNCE_RECHECK);
+                    announced = true;
+                }
             }
             _ = tokio::time::sleep_until(clean.due) => {
                 match global.store.cleanup(limiter.clock.now_ms(), 1_000, 10).await {

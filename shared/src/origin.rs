@@ -161,6 +161,12 @@ impl WindowState {
         self.merge_counts(answer.sequence.saturating_sub(1), answer.previous);
         if let Some(previous) = self.cell_mut(answer.sequence.saturating_sub(1)) {
             previous.lease_until = previous.lease_until.max(1);
+            if plan.sequence == answer.sequence {
+                // The call carried this process's own count of that cell, which the origin
+                // merged: the replay need not carry it again (a key in use reaches a new
+                // window with a decision, which so delivers the last one's tail).
+                previous.acked = previous.acked.max(plan.used[1]);
+            }
         }
         if answer.sequence == self.sequence {
             // This process's previous share now: the room its own past passes free as the

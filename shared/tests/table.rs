@@ -485,6 +485,60 @@ fn the_replay_carries_cumulative_counts_and_a_repeat_is_harmless() {
     assert_eq!(t.take_replay(1_000, T0 + 5).events[0].used, 4);
 }
 
+/// A key in use reaches a new window with a decision (the new cell is cold), whose call
+/// carries this process's own count of the window before, merged at the origin: the replay
+/// does not send that cell again. An answer for another window than the call's acknowledges
+/// nothing of it.
+#[test]
+fn a_decision_in_a_new_window_delivers_the_last_ones_tail() {
+    let setup = || {
+        let mut t = small(100);
+        let k = key("tail");
+        warm(&mut t, k, 100, 10);
+        for _ in 0..3 {
+            assert!(matches!(t.check(k, 100, 1, T0 + 1), Step::Decided(d) if d.success));
+        }
+        let Step::Origin(plan) = t.check(k, 100, 1, T0 + 1_000) else {
+            panic!("a new window is decided at the origin");
+        };
+        let tail = t.get(k).unwrap().previous().unacked();
+        assert_eq!(tail, 3, "the local passes not replayed yet");
+        assert_eq!(plan.used[1], 3, "the call carries them");
+        (t, k, plan)
+    };
+    let request = |k| LimitRequest {
+        key: k,
+        limit: 100,
+        cost: 1,
+    };
+    let (mut t, k, plan) = setup();
+    let call = OriginCall::single(request(k), plan);
+    assert!(
+        t.finish(&call, &[granted(&plan, 100, 5, 10)], T0 + 1_001)
+            .unwrap()
+            .success
+    );
+    assert_eq!(t.get(k).unwrap().previous().unacked(), 0);
+    let batch = t.take_replay(1_000, T0 + 1_002);
+    assert!(
+        batch.events.iter().all(|e| e.sequence == plan.sequence),
+        "the last window's tail went with the decision: {batch:?}"
+    );
+    // Answered for the window after the call's (the origin's clock is ahead): what it calls
+    // previous is the call's current cell, so the tail waits for the replay.
+    let (mut t, k, plan) = setup();
+    let call = OriginCall::single(request(k), plan);
+    let ahead = OriginPlan {
+        sequence: plan.sequence + 1,
+        ..plan
+    };
+    assert!(
+        t.finish(&call, &[granted(&ahead, 100, 5, 10)], T0 + 1_001)
+            .is_ok()
+    );
+    assert_eq!(t.get(k).unwrap().previous().unacked(), 3);
+}
+
 #[test]
 fn the_batches_of_one_pass_look_at_each_cell_once() {
     let mut t = small(100);

@@ -69,15 +69,7 @@ async fn admit(http: &reqwest::Client, base: &str, identifier: &str, limit: u64)
 
 /// The gateway's origin decide calls so far (all results), from `/metrics`.
 async fn origin_decides(http: &reqwest::Client, base: &str) -> f64 {
-    origin_calls(http, base, "decide").await
-}
-
-/// The gateway's origin calls of kind `op` so far, from `/metrics`.
-async fn origin_calls(http: &reqwest::Client, base: &str, op: &str) -> f64 {
-    let op = format!("op=\"{op}\"");
-    common::metric_sum(&common::metrics(http, base).await, |l| {
-        l.starts_with("strata_origin_calls_total") && l.contains(&op)
-    })
+    common::process::origin_calls(http, base, "decide").await
 }
 
 /// One client per gateway sending `/v1/ratelimit` for `identifier` (`limit` per `window_ms`)
@@ -134,7 +126,7 @@ async fn decides_at(http: &reqwest::Client, gateways: &[Gateway]) -> f64 {
 async fn calls_at(http: &reqwest::Client, gateways: &[Gateway], op: &str) -> f64 {
     let mut sum = 0.0;
     for g in gateways {
-        sum += origin_calls(http, &g.base, op).await;
+        sum += common::process::origin_calls(http, &g.base, op).await;
     }
     sum
 }
@@ -342,20 +334,9 @@ async fn gateways_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     let metrics = client();
     // Alone once two announcements, the second 2 s after the first, found no other region
     // (a second announcement an interval, 10 s, after the first would miss this deadline).
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
     for g in &gateways {
-        loop {
-            let page = common::metrics(&metrics, &g.base).await;
-            if common::metric_sum(&page, |l| l.starts_with("strata_global_alone ")) == 1.0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{}: not alone after 8 s",
-                g.base
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let within = Duration::from_secs(8);
+        common::process::await_gauge(&metrics, &g.base, "strata_global_alone", 1.0, within).await;
     }
     let before = decides_at(&metrics, &gateways).await;
     let replays_before = calls_at(&metrics, &gateways, "replay").await;

@@ -124,11 +124,39 @@ pub fn metric_sum(text: &str, select: impl Fn(&str) -> bool) -> f64 {
 /// Decision calls a gateway made to its origin so far (one per decision it made itself, and
 /// one per decide call an edge made to it).
 pub async fn decide_calls(http: &reqwest::Client, base: &str) -> u64 {
-    let text = metrics(http, base).await;
-    let decide = |l: &str| l.starts_with("strata_origin_calls_total{op=\"decide\"");
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a count
-    let calls = metric_sum(&text, decide) as u64;
+    let calls = origin_calls(http, base, "decide").await as u64;
     calls
+}
+
+/// A gateway's origin calls of kind `op` (`decide`, `replay`, `read`) so far.
+pub async fn origin_calls(http: &reqwest::Client, base: &str, op: &str) -> f64 {
+    let text = metrics(http, base).await;
+    let prefix = format!("strata_origin_calls_total{{op=\"{op}\"");
+    metric_sum(&text, |l| l.starts_with(&prefix))
+}
+
+/// Polls a gateway's `/metrics` until the gauge `name` reads `want`; fails after `within`.
+pub async fn await_gauge(
+    http: &reqwest::Client,
+    base: &str,
+    name: &str,
+    want: f64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    let line = format!("{name} ");
+    loop {
+        let seen = metric_sum(&metrics(http, base).await, |l| l.starts_with(&line));
+        if seen == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{base}: {name} still {seen} after {within:?}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The region's count of one cell, as a gateway's `POST /v1/origin/read` answers it, or what

@@ -377,9 +377,9 @@ pub struct OriginView {
 
 /// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the
 /// way; the lease this call may lend covers the caller's previous share if it `shares` and the
-/// limit allows it ([`crate::lease::covers`]), the share of `said`, the caller's own count of the previous cell as its call says it (a process
-/// that lost its state, an evicted table entry, counts from 0: its share is what it counts,
-/// never what the origin remembers).
+/// limit allows it ([`crate::lease::covers`]), the share of `said`, the caller's own count of
+/// the previous cell as its call says it (a process that lost its state, an evicted table
+/// entry, counts from 0: its share is what it counts, never what the origin remembers).
 #[allow(clippy::too_many_arguments)]
 pub fn origin_check(
     current: &mut CellLedger,

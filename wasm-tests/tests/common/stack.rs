@@ -83,6 +83,12 @@ impl Stack {
         super::process::decide_calls(&self.http, self.gateway()).await
     }
 
+    /// Replay calls the gateway made to Redis so far: one per replay batch the shells sent
+    /// it, and its own (none: nothing passes at the gateway itself here).
+    pub async fn replay_calls(&self) -> f64 {
+        super::process::origin_calls(&self.http, self.gateway(), "replay").await
+    }
+
     /// The conformance table's pass-ahead row (`conformance::replayed_not_decided`) through the
     /// shell at `base` (rules `per_key_rules(conformance::BURST_LIMIT)`, the gateway up): a
     /// cold key's request is admitted with no decision call, the replay brings it to Redis,
@@ -245,6 +251,38 @@ pub const RIVALS_LIMIT: u64 = 20;
 pub const RIVALS_WINDOW_MS: u64 = 2_000;
 
 impl Stack {
+    /// One client per shell process of `bases`, each sending `key` every `every` for `run`
+    /// (a tick missed waits, it is not made up): the requests sent and admitted, all clients
+    /// together.
+    async fn paced_clients(
+        &self,
+        bases: [&str; 2],
+        key: &str,
+        every: Duration,
+        run: Duration,
+    ) -> (u64, u64) {
+        let clients = bases.map(|base| {
+            let (http, url, key) = (self.http.clone(), base.to_string(), key.to_string());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (started, mut sent, mut passed) = (Instant::now(), 0_u64, 0_u64);
+                while started.elapsed() < run {
+                    tick.tick().await;
+                    sent += 1;
+                    passed += u64::from(admitted(&http, &url, &key).await.unwrap());
+                }
+                (sent, passed)
+            })
+        });
+        let (mut sent, mut passed) = (0, 0);
+        for client in clients {
+            let (s, p) = client.await.unwrap();
+            (sent, passed) = (sent + s, passed + p);
+        }
+        (sent, passed)
+    }
+
     /// The rivals row, as `regional-gateway/tests/exact_processes.rs` runs it on two gateway
     /// processes: through two processes of a shell (`bases`, rules [`rivals_rule`]), one client
     /// each keeps one key over its limit for 8 s (a request every 7 ms). Each unit the window
@@ -260,23 +298,9 @@ impl Stack {
         // Start 20 ms before a window ends: the first lease is lent in a window about to roll
         // over, mostly unused, and the next window is where both processes decide.
         super::process::before_window_ends(RIVALS_WINDOW_MS, 20).await;
-        let clients = bases.map(|base| {
-            let (http, url, key) = (self.http.clone(), base.to_string(), key.clone());
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(7));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let (started, mut passed) = (Instant::now(), 0_u64);
-                while started.elapsed() < RUN {
-                    tick.tick().await;
-                    passed += u64::from(admitted(&http, &url, &key).await.unwrap());
-                }
-                passed
-            })
-        });
-        let mut passed = 0;
-        for client in clients {
-            passed += client.await.unwrap();
-        }
+        let (_, passed) = self
+            .paced_clients(bases, &key, Duration::from_millis(7), RUN)
+            .await;
         let decides = self.decide_calls().await - before;
         println!(
             "{runtime}: two processes over a limit of {RIVALS_LIMIT} per 2 s: {passed} admitted, {decides} decision calls"
@@ -371,21 +395,9 @@ impl Stack {
         let key = format!("paced-{}-{}", std::process::id(), now_ms());
         let identifier = format!("key={key}");
         let (before, hits) = (self.decide_calls().await, self.upstream.hits());
+        let replays_before = self.replay_calls().await;
         let first = now_ms() / PACED_WINDOW_MS;
-        let clients = bases.map(|base| {
-            let (http, url, key) = (self.http.clone(), base.to_string(), key.clone());
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(10));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let (started, mut sent, mut passed) = (Instant::now(), 0_u64, 0_u64);
-                while started.elapsed() < RUN {
-                    tick.tick().await;
-                    sent += 1;
-                    passed += u64::from(admitted(&http, &url, &key).await.unwrap());
-                }
-                (sent, passed)
-            })
-        });
+        let clients = self.paced_clients(bases, &key, Duration::from_millis(10), RUN);
         // Each window's count, read a second after it ends (the replays every 100 ms are in;
         // Redis keeps a cell three windows).
         let windows = async {
@@ -402,16 +414,12 @@ impl Stack {
             }
             counts
         };
-        let counts = windows.await;
-        let (mut sent, mut passed) = (0, 0);
-        for client in clients {
-            let (s, p) = client.await.unwrap();
-            (sent, passed) = (sent + s, passed + p);
-        }
+        let ((sent, passed), counts) = tokio::join!(clients, windows);
         let decides = self.decide_calls().await - before;
+        let replays = self.replay_calls().await - replays_before;
         let per_1000 = decides as f64 * 1_000.0 / sent as f64;
         println!(
-            "{runtime}: two processes paced at a limit of {PACED_LIMIT} per 2 s: {sent} sent, {passed} admitted ({counts:?} by window), {decides} decision calls ({per_1000:.1} per 1,000)"
+            "{runtime}: two processes paced at a limit of {PACED_LIMIT} per 2 s: {sent} sent, {passed} admitted ({counts:?} by window), {decides} decision calls ({per_1000:.1} per 1,000), {replays} replay calls"
         );
         for n in &counts {
             assert!(

@@ -16,7 +16,7 @@ use strata_core::decision::MultiDecision;
 use strata_core::driver::{Home, Store, refused};
 use strata_core::identity::WindowKeyRef;
 use strata_core::origin::OriginAnswer;
-use strata_core::replay::{ReplayBatch, ReplayEvent};
+use strata_core::replay::{QuietPace, ReplayBatch, ReplayEvent, Take};
 use strata_core::request::{self, Begin, OriginCall};
 use strata_core::table::{LimitRequest, TooManyLimits};
 use strata_core::wire::CellsResponse;
@@ -212,11 +212,13 @@ impl<H: Host> Homes<'_, H> {
         &mut self,
         max: usize,
         now_ms: u64,
+        pace: Option<QuietPace>,
         from: usize,
     ) -> (ReplayBatch, Option<usize>) {
         let mut events: Vec<ReplayEvent> = Vec::new();
+        let mut held = 0;
         let Some(count) = self.state.slots.as_ref().map(|(s, _)| s.count()) else {
-            return (ReplayBatch { events }, None);
+            return (ReplayBatch { events, held }, None);
         };
         if from == 0 {
             let sweep = self.sweep_turn(now_ms);
@@ -227,20 +229,31 @@ impl<H: Host> Homes<'_, H> {
                 break;
             };
             if events.len() >= max {
-                return (ReplayBatch { events }, Some(i));
+                return (ReplayBatch { events, held }, Some(i));
             }
-            let wait = self.take_slot(n, now_ms, &mut events);
+            // Not this slot's turn: a quiet cell waits.
+            let slot = u32::try_from(n).unwrap_or(u32::MAX);
+            let hold = pace.filter(|p| !p.is_turn(slot));
+            let wait = self.take_slot(n, now_ms, hold.as_ref(), &mut events, &mut held);
             let r = &mut self.state.replay;
             r.set_due(n, wait.map_or(0, |w| r.passes.saturating_add(w)));
         }
-        (ReplayBatch { events }, None)
+        (ReplayBatch { events, held }, None)
     }
 
-    /// Adds slot `n`'s replay events to `events`, writing the slot back claimed until the
-    /// batch's answer is due; the passes until it is read again (`None`: it needs nothing
-    /// more of the replay, or holds only a lease far from its limit, which nothing needs back;
-    /// the sweep comes by meanwhile).
-    fn take_slot(&self, n: usize, now_ms: u64, events: &mut Vec<ReplayEvent>) -> Option<u32> {
+    /// Adds slot `n`'s replay events to `events` (its quiet cell held back under `hold`,
+    /// counted in `held`), writing the slot back claimed until the batch's answer is due;
+    /// the passes until it is read again (`None`: it needs nothing more of the replay, or
+    /// holds only a lease far from its limit, which nothing needs back; the sweep comes by
+    /// meanwhile).
+    fn take_slot(
+        &self,
+        n: usize,
+        now_ms: u64,
+        hold: Option<&QuietPace>,
+        events: &mut Vec<ReplayEvent>,
+        held: &mut usize,
+    ) -> Option<u32> {
         let (bytes, cas) = Slots::read(self.host, n)?;
         let (claim, entry, mut state) = decode_slot(&bytes)?;
         if claim > now_ms {
@@ -251,12 +264,21 @@ impl<H: Host> Homes<'_, H> {
             .and_then(|d| WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok())?
             .to_owned_key();
         let (before, before_state) = (events.len(), state);
-        if !state.take_replay_events(&key, now_ms, 0, events) {
+        let take = state.take_replay_events_paced(&key, now_ms, 0, hold, events);
+        if take == Take::Done {
             return None;
         }
+        // A held cell is read on every pass: its turn or its lease's margin may come.
+        let wait = if take == Take::Held {
+            *held += 1;
+            1
+        } else {
+            QUIET_PASSES
+        };
         if state == before_state && events.len() == before {
             // A lease to watch until it sits idle near the limit.
-            return (!state.lease_is_far(key.duration(), now_ms)).then_some(QUIET_PASSES);
+            return (take == Take::Held || !state.lease_is_far(key.duration(), now_ms))
+                .then_some(wait);
         }
         let claim = if events.len() > before {
             now_ms.saturating_add(self.state.claim_ms)
@@ -364,12 +386,18 @@ impl<H: Host> Store for Homes<'_, H> {
         home: Home,
         max: usize,
         now_ms: u64,
+        pace: Option<QuietPace>,
         from: usize,
     ) -> (ReplayBatch, Option<usize>) {
         if home == SHARED {
-            return self.take_shared(max.min(SLOT_BATCH), now_ms, from);
+            return self.take_shared(max.min(SLOT_BATCH), now_ms, pace, from);
         }
-        self.state.table.take_replay_from(max, now_ms, None, from)
+        self.state.table.take_replay_from(max, now_ms, pace, from)
+    }
+
+    fn lease_ms(&self, _: Home) -> u64 {
+        // The slots' leases come from the same origin as the table's.
+        self.state.table.lease_ms()
     }
 
     fn ack_replay(

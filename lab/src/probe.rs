@@ -9,6 +9,8 @@ use crate::stack::Stack;
 pub struct Reading {
     /// Commands run by every region's Redis.
     pub redis_commands: u64,
+    /// The same by command name.
+    pub redis_by_command: std::collections::BTreeMap<String, u64>,
     /// SQL statements every gateway issued (flushes and syncs, failed ones included).
     pub sql_statements: f64,
     /// Of those, the ones that failed.
@@ -104,10 +106,13 @@ fn add_by_label(text: &str, name: &str, label: &str, values: &[&str], sums: &mut
 /// Reads every counter now.
 pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
     let ticks = clock_ticks();
-    let mut reading = Reading {
-        redis_commands: stack.regions.iter().map(|r| r.redis.commands()).sum(),
-        ..Reading::default()
-    };
+    let mut reading = Reading::default();
+    for region in &stack.regions {
+        for (name, n) in region.redis.commands_by_name() {
+            reading.redis_commands += n;
+            *reading.redis_by_command.entry(name).or_default() += n;
+        }
+    }
     for (_, g) in stack.gateways() {
         let text = match http.get(format!("{}/metrics", g.base)).send().await {
             Ok(r) => r.text().await.unwrap_or_default(),

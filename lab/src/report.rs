@@ -20,6 +20,9 @@ pub struct Report {
     pub limit_rate: f64,
     pub seconds: f64,
     pub redis_commands_per_1000: f64,
+    /// Redis commands per 1,000 requests by name (the lab's own polls included, which the
+    /// total leaves out).
+    pub redis_per_1000_by_command: std::collections::BTreeMap<String, f64>,
     pub origin_calls_per_1000: f64,
     /// Origin calls per 1,000 requests by kind ([`CALL_KINDS`]; the lab's own reads left out).
     pub calls_per_1000_by_kind: [f64; CALL_KINDS.len()],
@@ -88,6 +91,18 @@ impl Report {
                     .saturating_sub(polled) as f64,
                 requests,
             ),
+            redis_per_1000_by_command: after
+                .redis_by_command
+                .iter()
+                .map(|(name, n)| {
+                    let was = before.redis_by_command.get(name).copied().unwrap_or(0);
+                    (
+                        name.clone(),
+                        per_1000(n.saturating_sub(was) as f64, requests),
+                    )
+                })
+                .filter(|(_, n)| *n > 0.0)
+                .collect(),
             origin_calls_per_1000: per_1000(
                 (after.origin_calls - before.origin_calls - polled as f64).max(0.0),
                 requests,
@@ -173,6 +188,7 @@ impl Report {
                 "latency_us": latency(&f.latency),
                 "latency_us_by_region": f.latency_by_region.iter().map(latency).collect::<Vec<_>>(),
                 "redis_commands_per_1000": self.redis_commands_per_1000,
+                "redis_commands_per_1000_by_name": self.redis_per_1000_by_command,
                 "origin_calls_per_1000": self.origin_calls_per_1000,
                 "origin_calls_per_1000_by_kind": named(&CALL_KINDS, &self.calls_per_1000_by_kind),
                 "asked_origin_per_1000_for": named(&REASONS, &self.asked_per_1000_for),
@@ -246,10 +262,15 @@ impl Report {
                 .join(", ")
         };
         format!(
-            "  per 1,000 requests: decided by {}; origin calls {}; sent to the origin for {}\n  a sync {:.1} ms on average{}",
+            "  per 1,000 requests: decided by {}; origin calls {}; sent to the origin for {}\n  Redis commands per 1,000 requests: {}\n  a sync {:.1} ms on average{}",
             list(&SOURCES, &self.decided_per_1000_by),
             list(&CALL_KINDS, &self.calls_per_1000_by_kind),
             list(&REASONS, &self.asked_per_1000_for),
+            self.redis_per_1000_by_command
+                .iter()
+                .map(|(name, n)| format!("{name} {n:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.sync_ms_mean,
             self.wan.as_ref().map_or(String::new(), |w| format!(
                 ", the store {w} from each region"

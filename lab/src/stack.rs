@@ -144,16 +144,25 @@ impl Redis {
     /// Commands the server has run since it started (`INFO commandstats`, the commands scripts
     /// run included), less the lab's own `INFO` calls.
     pub fn commands(&self) -> u64 {
+        self.commands_by_name().values().sum()
+    }
+
+    /// [`commands`](Self::commands) by command name (`evalsha`, `hincrby`, ...).
+    pub fn commands_by_name(&self) -> std::collections::BTreeMap<String, u64> {
         let Some(text) = redis_command(self.port, "INFO commandstats", bulk_complete) else {
-            return 0;
+            return Default::default();
         };
         text.lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter(|l| !l.starts_with("cmdstat_info:"))
             .filter_map(|l| {
-                let calls = l.split_once("calls=")?.1;
-                calls.split(',').next()?.parse::<u64>().ok()
+                let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats.split_once("calls=")?.1;
+                Some((
+                    name.to_string(),
+                    calls.split(',').next()?.parse::<u64>().ok()?,
+                ))
             })
-            .sum()
+            .collect()
     }
 }
 

@@ -336,8 +336,18 @@ async fn replay_merges_cumulative_counts_and_answers_in_request_order(g: TestGat
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(
-        r.body,
-        json!({"cells":[{"regional":1,"global":0},{"regional":5,"global":0},{"regional":2,"global":0}]})
+        r.body["cells"],
+        json!([{"regional":1,"global":0},{"regional":5,"global":0},{"regional":2,"global":0}])
+    );
+    // The answer states the pace the caller may replay its covered cells at.
+    let pace = &r.body["pace"];
+    assert!(pace["alone"].is_boolean(), "{}", r.text);
+    assert!(
+        pace["publish_floor_ppm"]
+            .as_u64()
+            .is_some_and(|ppm| (1..=1_000_000).contains(&ppm)),
+        "{}",
+        r.text
     );
     // Another instance's count adds to the cell's.
     let r = g
@@ -364,7 +374,7 @@ async fn replay_merges_cumulative_counts_and_answers_in_request_order(g: TestGat
     let none = g
         .post("/v1/origin/replay", None, replay("edge-1", vec![]))
         .await;
-    assert_eq!(none.body, json!({"cells":[]}));
+    assert_eq!(none.body["cells"], json!([]));
 }
 
 /// A replay that timed out after the origin applied it is sent again: it counts once.

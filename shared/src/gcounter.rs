@@ -134,6 +134,20 @@ impl PublishPolicy {
         Ok(Self { floor_ppm })
     }
 
+    /// A policy with the floor given in millionths of the limit (more than a million is the
+    /// whole limit).
+    pub fn from_ppm(floor_ppm: u64) -> Self {
+        // At most a million, so it fits.
+        #[allow(clippy::cast_possible_truncation)]
+        let floor_ppm = floor_ppm.min(PPM) as u32;
+        Self { floor_ppm }
+    }
+
+    /// The floor in millionths of the limit.
+    pub fn floor_ppm(&self) -> u32 {
+        self.floor_ppm
+    }
+
     /// The floor as a fraction.
     pub fn floor(&self) -> f64 {
         f64::from(self.floor_ppm) / PPM as f64

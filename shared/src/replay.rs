@@ -66,6 +66,9 @@ impl ReplayEvent {
 pub struct ReplayBatch {
     /// The cells, at most one event each.
     pub events: Vec<ReplayEvent>,
+    /// Cells holding cost that the take held back for a later pass ([`QuietPace`]): a shell
+    /// that replays only when its requests used a cell still owes them a pass.
+    pub held: usize,
 }
 
 impl ReplayBatch {
@@ -132,25 +135,25 @@ impl WindowState {
         renew_within: u64,
         events: &mut Vec<ReplayEvent>,
     ) -> bool {
-        self.take_replay_events_paced(key, now_ms, renew_within, None, events)
+        self.take_replay_events_paced(key, now_ms, renew_within, None, events) != Take::Done
     }
 
     /// [`take_replay_events`](Self::take_replay_events), holding the current cell's event
     /// back while the cell [`is_quiet`](Self::is_quiet) under `hold`.
-    fn take_replay_events_paced(
+    pub fn take_replay_events_paced(
         &mut self,
         key: &WindowKey,
         now_ms: u64,
         renew_within: u64,
         hold: Option<&QuietPace>,
         events: &mut Vec<ReplayEvent>,
-    ) -> bool {
+    ) -> Take {
         let idle = self.idle_lease(now_ms) || self.lease_surplus(key.duration(), now_ms);
         let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
         // A lease lent on the previous cell after this process left it (`apply_decided`).
         let left_behind = self.previous.lease_left() > 0;
         if !(idle || holds || left_behind || unacked(self) > 0) {
-            return false;
+            return Take::Done;
         }
         let previous_release = if left_behind {
             self.previous.stop_lease()
@@ -186,6 +189,7 @@ impl WindowState {
         let wait = released == 0
             && renew == 0
             && hold.is_some_and(|pace| self.is_quiet(key.duration(), now_ms, pace));
+        let mut take = Take::Taken;
         for (sequence, cell) in self.cells() {
             let (release, renew) = if sequence == self.sequence() {
                 (released, renew)
@@ -193,6 +197,9 @@ impl WindowState {
                 (previous_release, 0)
             };
             if wait && sequence == self.sequence() {
+                if cell.unacked() > 0 {
+                    take = Take::Held;
+                }
                 continue;
             }
             if cell.unacked() > 0 || release > 0 {
@@ -207,8 +214,19 @@ impl WindowState {
                 });
             }
         }
-        true
+        take
     }
+}
+
+/// What a replay take did with one entry's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// Nothing of it concerns the replay any more (no unacknowledged cost, no lease to watch).
+    Done,
+    /// Its events, if any, were taken; it stays watched.
+    Taken,
+    /// Its current cell's cost was held back by the pace; it stays watched.
+    Held,
 }
 
 impl WindowState {
@@ -301,7 +319,7 @@ impl QuietPace {
     }
 
     /// Whether this pass is the turn of the table's slot `slot` (staggered by slot).
-    fn is_turn(&self, slot: u32) -> bool {
+    pub fn is_turn(&self, slot: u32) -> bool {
         self.passes > 0 && slot.wrapping_add(self.pass) % self.passes == 0
     }
 }
@@ -318,7 +336,7 @@ impl CounterTable {
 
     /// One of the takes of a replay pass that sends its cells in several batches: up to `max`
     /// cells as [`take_replay`](Self::take_replay) gives them (quiet ones paced by `pace`, if
-    /// any), walking the table's touched cells from `from`, the position the pass's previous
+    /// any, while the table is under three quarters full), walking the table's touched cells from `from`, the position the pass's previous
     /// take returned (0 for its first). Returns where the next take of the pass goes on, or
     /// `None` once every touched cell was looked at. A pass so looks at each cell once,
     /// however many batches it sends; a cell used again behind that position goes with the
@@ -331,6 +349,10 @@ impl CounterTable {
         from: usize,
     ) -> (ReplayBatch, Option<usize>) {
         let mut events = Vec::new();
+        let mut held = 0;
+        // A table that may soon evict holds nothing back: an evicted cell's held cost would
+        // be lost (eviction passes over unreplayed cells only so far).
+        let pace = pace.filter(|_| self.len().saturating_mul(4) < self.config().capacity * 3);
         let renew_within = if self.config().renew_leases {
             renewal_window(self.lease_ms)
         } else {
@@ -343,7 +365,7 @@ impl CounterTable {
         let mut j = from;
         while j < slab.touched.len() {
             if events.len() >= max {
-                return (ReplayBatch { events }, Some(j));
+                return (ReplayBatch { events, held }, Some(j));
             }
             let turn = slab.touched[j];
             let i = turn as usize;
@@ -351,22 +373,29 @@ impl CounterTable {
             let slot = &mut slab.slots[i];
             // Not this slot's turn: a quiet cell waits.
             let hold = pace.filter(|p| !p.is_turn(turn));
-            if !(live
-                && slot.state.take_replay_events_paced(
+            let take = if live {
+                slot.state.take_replay_events_paced(
                     &slot.key,
                     now_ms,
                     renew_within,
                     hold.as_ref(),
                     &mut events,
-                ))
-            {
-                slab.untouch(i);
-                slab.touched.swap_remove(j);
-                continue;
+                )
+            } else {
+                Take::Done
+            };
+            match take {
+                Take::Done => {
+                    slab.untouch(i);
+                    slab.touched.swap_remove(j);
+                    continue;
+                }
+                Take::Held => held += 1,
+                Take::Taken => {}
             }
             j += 1;
         }
-        (ReplayBatch { events }, None)
+        (ReplayBatch { events, held }, None)
     }
 
     /// Merges a replay answer: `counts[i]` is the origin's count of event `i`'s cell after it

@@ -305,6 +305,11 @@ impl CounterTable {
         Ok(decided)
     }
 
+    /// The lifetime of the leases the origin lent last (the configured one until then).
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
     /// Notes the lifetime of leases the origin just lent (the longest of them; none: no
     /// change), which sets the renewal window.
     pub(crate) fn lent_for(&mut self, lease_ms: impl Iterator<Item = u64>) {

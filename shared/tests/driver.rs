@@ -15,9 +15,9 @@ use strata_core::policy::AHEAD_LIMIT_PER_COST;
 use strata_core::rules::ListRequest;
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, RenewedLease,
-    ReplayRequest,
+    ReplayPace, ReplayRequest,
 };
-use strata_core::{Counts, FailureMode};
+use strata_core::{Counts, FailureMode, PublishPolicy};
 
 const T0: u64 = 28_333_334 * 60_000; // a minute boundary
 const TIMEOUT: u64 = 250;
@@ -124,6 +124,7 @@ fn replayed(t: &Transmit) -> String {
     serde_json::to_string(&CellsResponse {
         cells,
         renewed: Vec::new(),
+        pace: None,
     })
     .unwrap()
 }
@@ -663,4 +664,77 @@ fn a_lease_is_renewed_in_the_last_quarter_of_the_lifetime_the_gateway_lent_it_fo
         (1_500..2_000).contains(&asked),
         "asked {asked} ms into a 2 s lease"
     );
+}
+
+/// Requests on user "a" every 100 ms from `T0` to `T0 + 2 s` (a key that waits for the
+/// gateway, whose decision lends 40 for 5 s), then none; the shell wakes only at the driver's deadlines until `T0 + 8 s`. Every
+/// replay answer states `pace`. Returns the times of the replay calls and the cost they
+/// delivered in all (the largest `used` the gateway saw).
+fn paced_use(pace: Option<ReplayPace>) -> (Vec<u64>, u64) {
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
+    let (mut replays, mut delivered) = (Vec::new(), 0);
+    let mut next_request = Some(T0);
+    let mut now = T0;
+    while now <= T0 + 8_000 {
+        if next_request == Some(now) {
+            d.request(&mut store, now, &user("a"), now).unwrap();
+            next_request = Some(now + 100).filter(|&t| t <= T0 + 2_000);
+        }
+        d.timeout(&mut store, now);
+        for t in transmits(&mut d) {
+            if t.path == DECIDE_PATH {
+                grant(&mut d, &mut store, &t, 40, now);
+                continue;
+            }
+            replays.push(now - T0);
+            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+            delivered = request
+                .events
+                .iter()
+                .map(|e| e.used)
+                .fold(delivered, u64::max);
+            let mut answer: CellsResponse = serde_json::from_str(&replayed(&t)).unwrap();
+            answer.pace = pace;
+            let body = serde_json::to_string(&answer).unwrap();
+            d.answer(&mut store, t.call, 200, body.as_bytes(), now);
+        }
+        std::iter::from_fn(|| d.poll_decision()).for_each(drop);
+        // The shell's one timer: the driver's deadline or the next request.
+        let Some(at) = [d.poll_timeout(), next_request].into_iter().flatten().min() else {
+            break;
+        };
+        now = at.max(now + 1);
+    }
+    (replays, delivered)
+}
+
+#[test]
+fn a_region_alone_holds_a_covered_cell_until_its_lease_nears_its_end() {
+    // Unpaced (an origin that does not say): every pass that finds new cost replays it.
+    // The first request's cost was counted by its decision; the other 20 are the process's own.
+    let (unpaced, delivered) = paced_use(None);
+    assert_eq!(delivered, 20);
+    assert!(unpaced.len() >= 15, "a replay per pass: {unpaced:?}");
+    // Alone: the first replay learns it; then the cost under the 5 s lease (near the limit:
+    // not renewed) waits until one pass before the lease ends, and goes once, whole, with no
+    // request to wake the shell.
+    let alone = PublishPolicy::default();
+    let (paced, delivered) = paced_use(Some(ReplayPace::new(true, alone)));
+    assert_eq!(
+        delivered, 20,
+        "the held cost reached the gateway: {paced:?}"
+    );
+    assert_eq!(paced.len(), 2, "{paced:?}");
+    assert!(
+        (5_000 - INTERVAL..5_000).contains(&paced[1]),
+        "the held cost went as the lease neared its end: {paced:?}"
+    );
+    // Another region live: a covered cell under the publish floor (half the limit here)
+    // goes on its turn, about once a second; over it, on every pass.
+    let half = PublishPolicy::from_fraction(0.5).unwrap();
+    let (shared, delivered) = paced_use(Some(ReplayPace::new(false, half)));
+    assert_eq!(delivered, 20);
+    assert!((2..=4).contains(&shared.len()), "once a second: {shared:?}");
+    let (published, _) = paced_use(Some(ReplayPace::new(false, alone)));
+    assert!(published.len() >= 10, "over the floor: {published:?}");
 }

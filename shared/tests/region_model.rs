@@ -109,6 +109,7 @@ impl Origin {
         CellsResponse {
             cells,
             renewed: Vec::new(),
+            pace: None,
         }
     }
 }

@@ -830,6 +830,36 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
     assert_eq!(sent[0].1, state.current().own(), "what waited, whole");
 }
 
+/// A table three quarters full may soon evict, and a held cell's cost would go with its
+/// entry: the pace holds nothing back there (a flood of keys through an edge lost thousands
+/// of passes to eviction while the pace held them).
+#[test]
+fn a_table_that_may_soon_evict_holds_no_cell_back() {
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let k = WindowKeyRef::new("ws", "ns", "near", minute).unwrap();
+    let alone = Some(QuietPace::new(1, 100, None, 5_000));
+    let filled = |others: usize| {
+        let mut t = small(MIN_CAPACITY);
+        counted_at_origin(&mut t, k, 800, 100);
+        assert!(matches!(t.check(k, 1_000, 1, T0 + 1), Step::Decided(d) if d.success));
+        for id in &names(others) {
+            t.decide(key(id), 100, 0, T0);
+        }
+        t
+    };
+    let under = MIN_CAPACITY * 3 / 4 - 2; // with the paced key: one short of three quarters
+    let batch = filled(under).take_replay_from(1_000, T0 + 100, alone, 0).0;
+    assert_eq!((batch.len(), batch.held), (0, 1), "held back");
+    let batch = filled(under + 1)
+        .take_replay_from(1_000, T0 + 100, alone, 0)
+        .0;
+    assert_eq!(
+        (batch.len(), batch.held),
+        (1, 0),
+        "three quarters full: sent"
+    );
+}
+
 #[test]
 fn unreplayed_entries_are_evicted_last_and_their_loss_is_counted() {
     let ids = names(MIN_CAPACITY * 2);

@@ -5,9 +5,9 @@
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, ErrorCode, MAX_BATCH, MAX_COUNT,
     MAX_MULTI_LIMITS, MAX_SEQUENCE, MultiRequest, RatelimitRequest, RatelimitResponse, ReadRequest,
-    RenewedLease, ReplayRequest,
+    RenewedLease, ReplayPace, ReplayRequest,
 };
-use strata_core::{Counts, Decision};
+use strata_core::{Counts, Decision, PublishPolicy};
 
 fn parse<T: serde::de::DeserializeOwned>(json: &str) -> T {
     serde_json::from_str(json).unwrap()
@@ -308,6 +308,7 @@ fn responses_have_the_contract_shape() {
             global: 2,
         }],
         renewed: Vec::new(),
+        pace: None,
     };
     assert_eq!(
         serde_json::to_string(&cells).unwrap(),
@@ -330,6 +331,28 @@ fn responses_have_the_contract_shape() {
         serde_json::from_str::<CellsResponse>(&json).unwrap(),
         renewed
     );
+    let paced = CellsResponse {
+        renewed: Vec::new(),
+        pace: Some(ReplayPace::new(
+            false,
+            PublishPolicy::from_fraction(0.05).unwrap(),
+        )),
+        ..renewed.clone()
+    };
+    let json = serde_json::to_string(&paced).unwrap();
+    assert_eq!(
+        json,
+        r#"{"cells":[{"regional":4,"global":2}],"pace":{"alone":false,"publish_floor_ppm":50000}}"#
+    );
+    let back = serde_json::from_str::<CellsResponse>(&json).unwrap();
+    assert_eq!(back, paced);
+    assert_eq!(
+        back.pace.and_then(|p| p.publish()),
+        PublishPolicy::from_fraction(0.05).ok()
+    );
+    let alone = r#"{"cells":[],"pace":{"alone":true,"publish_floor_ppm":200000}}"#;
+    let alone = serde_json::from_str::<CellsResponse>(alone).unwrap();
+    assert_eq!(alone.pace.map(|p| p.publish()), Some(None));
     let decided = DecideResponse {
         success: true,
         sequence: 7,

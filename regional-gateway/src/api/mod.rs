@@ -239,6 +239,7 @@ async fn origin_read(
     Ok(Json(CellsResponse {
         cells,
         renewed: Vec::new(),
+        pace: None,
     }))
 }
 
@@ -299,6 +300,7 @@ async fn origin_replay(
     Ok(Json(CellsResponse {
         cells: counts,
         renewed,
+        pace: Some(gw.limiter.replay_pace()),
     }))
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use foldhash::fast::RandomState;
 use strata_core::driver::{Dispatch, Flow, FlowConfig, GroupDone, Home, Store};
 use strata_core::origin::OriginAnswer;
-use strata_core::replay::ReplayBatch;
+use strata_core::replay::{QuietPace, ReplayBatch};
 use strata_core::request::{self, Begin, OriginCall, States};
 use strata_core::table::{LimitRequest, TooManyLimits};
 use strata_core::wire::CellsResponse;
@@ -161,8 +161,18 @@ impl Store for Tables<'_> {
     fn homes(&self) -> u8 {
         0
     }
-    fn take_replay(&mut self, _: Home, _: usize, _: u64, _: usize) -> (ReplayBatch, Option<usize>) {
+    fn take_replay(
+        &mut self,
+        _: Home,
+        _: usize,
+        _: u64,
+        _: Option<QuietPace>,
+        _: usize,
+    ) -> (ReplayBatch, Option<usize>) {
         (ReplayBatch::default(), None) // no home is the flow's to replay
+    }
+    fn lease_ms(&self, _: Home) -> u64 {
+        0 // no home is the flow's to replay
     }
     fn ack_replay(&mut self, _: Home, _: &ReplayBatch, _: &CellsResponse, _: u64, _: u64) {}
 }

@@ -19,7 +19,7 @@ use strata_core::driver::{DecidedBy, Dispatch, FlowConfig, Outgoing, Settled};
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::request::OriginCall;
 use strata_core::table::LimitRequest;
-use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayRef};
+use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayPace, ReplayRef};
 use strata_core::{Counts, Decision, MultiDecision};
 use tokio::sync::oneshot;
 
@@ -340,6 +340,13 @@ impl Limiter {
         }
     }
 
+    /// Who reads the region's counts now, which paces the replay of quiet cells (this
+    /// gateway's, and its callers' through the replay answer). Alone, the region's counts are
+    /// imported by no one: the publish floor does not hold a cell's cost back from the pace.
+    pub fn replay_pace(&self) -> ReplayPace {
+        ReplayPace::new(self.global.alone(), self.global.policy())
+    }
+
     /// Sends one replay batch (up to `MAX_BATCH` cells) of every cell holding unacknowledged
     /// cost. Returns false if it failed; the counts stay in the tables and the next batch
     /// carries them.
@@ -358,9 +365,7 @@ impl Limiter {
     /// workers, a pass stretches (every waiting request runs between two batches), and one
     /// nearing the interval says the replay is falling behind.
     pub async fn replay_tick(&self, pass: u32, interval_ms: u64) -> ReplayTick {
-        // Alone, the region's counts are imported by no one: the publish floor does not
-        // hold a cell's cost back from the pace.
-        let publish = (!self.global.alone()).then(|| self.global.policy());
+        let publish = self.replay_pace().publish();
         let pace = QuietPace::new(pass, interval_ms, publish, self.origin.lease_ms());
         let started = std::time::Instant::now();
         let mut tick = ReplayTick {

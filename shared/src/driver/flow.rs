@@ -17,7 +17,7 @@ use foldhash::quality::FixedState;
 use super::store::{Home, Store};
 use crate::decision::MultiDecision;
 use crate::limit::LimitRequest;
-use crate::replay::ReplayBatch;
+use crate::replay::{QuietPace, ReplayBatch};
 use crate::request::{Begin, OriginCall};
 use crate::wire::{self, CellsResponse, DecideResponse};
 
@@ -197,6 +197,13 @@ struct Lane {
     failures: u32,
     /// Whether cost was accepted since the last pass began.
     wanted: bool,
+    /// Passes begun (a quiet cell's turn is staggered by it).
+    pass: u32,
+    /// Whether a take of the pass in flight held a cell back for a later pass.
+    held: bool,
+    /// The region's pace as the gateway's last replay answer stated it (`None`: not said;
+    /// every cell holding cost goes on every pass).
+    pace: Option<wire::ReplayPace>,
 }
 
 /// A warning that may repeat: logged once per [`LOG_EVERY_MS`].
@@ -579,13 +586,22 @@ impl Flow {
             }
             lane.next_at = None;
             lane.wanted = false;
+            lane.held = false;
+            lane.pass = lane.pass.wrapping_add(1);
             self.send_replay(store, home, 0, now_ms);
         }
     }
 
     /// Takes the next batch of a replay pass of `home` and sends it, or ends the pass.
     fn send_replay<S: Store>(&mut self, store: &mut S, home: Home, from: usize, now_ms: u64) {
-        let (batch, next) = store.take_replay(home, wire::MAX_BATCH, now_ms, from);
+        let interval = self.config.replay_interval_ms;
+        let lane = self.lane(home);
+        let pace = lane
+            .pace
+            .map(|p| QuietPace::new(lane.pass, interval, p.publish(), store.lease_ms(home)));
+        let (batch, next) = store.take_replay(home, wire::MAX_BATCH, now_ms, pace, from);
+        let lane = self.lane(home);
+        lane.held |= batch.held > 0;
         if batch.is_empty() {
             return self.pass_done(store, home, now_ms);
         }
@@ -617,7 +633,9 @@ impl Flow {
         let periodic = store.periodic(home);
         let lane = self.lane(home);
         lane.in_flight = None;
-        lane.next_at = (lane.wanted || periodic).then(|| now_ms.saturating_add(interval));
+        // A held cell waits for its turn or its lease's end, which only a pass finds.
+        lane.next_at =
+            (lane.wanted || lane.held || periodic).then(|| now_ms.saturating_add(interval));
     }
 
     /// Replay batch `call` was taken: `answer.cells[i]` is its event `i`'s cell after it.
@@ -641,6 +659,9 @@ impl Flow {
         store.ack_replay(home, &batch, answer, sent, now_ms);
         self.stats.replays += 1;
         let lane = self.lane(home);
+        if answer.pace.is_some() {
+            lane.pace = answer.pace;
+        }
         lane.failures = 0;
         lane.in_flight = None;
         match next {

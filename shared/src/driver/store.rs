@@ -8,7 +8,7 @@ use crate::decision::{Decision, MultiDecision};
 use crate::limit::LimitRequest;
 use crate::origin::OriginAnswer;
 use crate::policy::FailureMode;
-use crate::replay::ReplayBatch;
+use crate::replay::{QuietPace, ReplayBatch};
 use crate::request::{Begin, OriginCall};
 use crate::table::{CounterTable, TooManyLimits};
 use crate::wire::CellsResponse;
@@ -46,14 +46,19 @@ pub trait Store {
         1
     }
     /// Up to `max` cells of `home` holding cost the gateway has not acknowledged, from
-    /// position `from` of a pass; where the pass goes on (`None`: done).
+    /// position `from` of a pass, quiet ones held back as `pace` says (`None`: none held);
+    /// where the pass goes on (`None`: done).
     fn take_replay(
         &mut self,
         home: Home,
         max: usize,
         now_ms: u64,
+        pace: Option<QuietPace>,
         from: usize,
     ) -> (ReplayBatch, Option<usize>);
+    /// The lifetime of the leases the gateway lent `home` last: a quiet cell's lease far
+    /// from the limit goes within its renewal window.
+    fn lease_ms(&self, home: Home) -> u64;
     /// The gateway took `batch`, sent at `sent_ms`: `answer.cells[i]` is event `i`'s cell
     /// after it, and `answer.renewed` the leases it renewed (each from `sent_ms`).
     fn ack_replay(
@@ -115,9 +120,13 @@ impl Store for TableStore {
         _: Home,
         max: usize,
         now_ms: u64,
+        pace: Option<QuietPace>,
         from: usize,
     ) -> (ReplayBatch, Option<usize>) {
-        self.table.take_replay_from(max, now_ms, None, from)
+        self.table.take_replay_from(max, now_ms, pace, from)
+    }
+    fn lease_ms(&self, _: Home) -> u64 {
+        self.table.lease_ms()
     }
     fn ack_replay(
         &mut self,

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 mod integer;
 
 use crate::decision::{Counts, Decision};
+use crate::gcounter::PublishPolicy;
 use crate::identity::{IdentityError, WindowKeyRef};
 use crate::limit::LimitRequest;
 use crate::window::WindowDuration;
@@ -260,6 +261,43 @@ pub struct CellsResponse {
     /// replay only; absent when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub renewed: Vec<RenewedLease>,
+    /// How the caller may pace the replay of cells its leases cover, as the region stood
+    /// when the origin answered (a replay only; absent when the origin does not say: then
+    /// every cell holding cost goes on every pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<ReplayPace>,
+}
+
+/// Who reads the region's counts, as the gateway knows when it answers a replay: what a
+/// caller paces its quiet cells by (`replay::QuietPace`). A cell's cost under a live lease
+/// is reserved at the origin already, so only the global layer waits for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReplayPace {
+    /// No other region is live to import this one's counts: a cell a lease covers need not
+    /// be replayed before its lease nears its end.
+    pub alone: bool,
+    /// The region's count at which a cell is published to the other regions, in millionths
+    /// of its limit (the live regions' share of the publish floor): a covered cell under it
+    /// is replayed about once a second, one over it on every pass.
+    #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub publish_floor_ppm: u64,
+}
+
+impl ReplayPace {
+    /// The pace of a region that is `alone` or publishes by `policy`.
+    pub fn new(alone: bool, policy: PublishPolicy) -> Self {
+        Self {
+            alone,
+            publish_floor_ppm: u64::from(policy.floor_ppm()),
+        }
+    }
+
+    /// The publish policy quiet cells are held under (`None`: no other region is live).
+    pub fn publish(&self) -> Option<PublishPolicy> {
+        (!self.alone).then(|| PublishPolicy::from_ppm(self.publish_floor_ppm))
+    }
 }
 
 /// A lease a replay renewed: the lease event `event` named in `renew`, now under `lease_id`

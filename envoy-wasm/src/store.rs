@@ -231,17 +231,16 @@ impl<H: Host> Homes<'_, H> {
             if events.len() >= max {
                 return (ReplayBatch { events, held }, Some(i));
             }
-            // Not this slot's turn: a quiet cell waits.
             let slot = u32::try_from(n).unwrap_or(u32::MAX);
-            let hold = pace.filter(|p| !p.is_turn(slot));
-            let wait = self.take_slot(n, now_ms, hold.as_ref(), &mut events, &mut held);
+            let paced = pace.as_ref().map(|p| (p, slot));
+            let wait = self.take_slot(n, now_ms, paced, &mut events, &mut held);
             let r = &mut self.state.replay;
             r.set_due(n, wait.map_or(0, |w| r.passes.saturating_add(w)));
         }
         (ReplayBatch { events, held }, None)
     }
 
-    /// Adds slot `n`'s replay events to `events` (its quiet cell held back under `hold`,
+    /// Adds slot `n`'s replay events to `events` (its current cell held back as `pace` says,
     /// counted in `held`), writing the slot back claimed until the batch's answer is due;
     /// the passes until it is read again (`None`: it needs nothing more of the replay, or
     /// holds only a lease far from its limit, which nothing needs back; the sweep comes by
@@ -250,7 +249,7 @@ impl<H: Host> Homes<'_, H> {
         &self,
         n: usize,
         now_ms: u64,
-        hold: Option<&QuietPace>,
+        pace: Option<(&QuietPace, u32)>,
         events: &mut Vec<ReplayEvent>,
         held: &mut usize,
     ) -> Option<u32> {
@@ -264,7 +263,7 @@ impl<H: Host> Homes<'_, H> {
             .and_then(|d| WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok())?
             .to_owned_key();
         let (before, before_state) = (events.len(), state);
-        let take = state.take_replay_events_paced(&key, now_ms, 0, hold, events);
+        let take = state.take_replay_events_paced(&key, now_ms, 0, pace, events);
         if take == Take::Done {
             return None;
         }

@@ -448,6 +448,11 @@ pub fn parse_tokens(
 }
 
 impl Settings {
+    /// The flush interval in ms: what the replay paces published cells by.
+    pub fn flush_ms(&self) -> u64 {
+        u64::try_from(self.flush_interval.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Resolves the command line (with its environment fallbacks) over the optional file, over
     /// the defaults.
     pub fn from_cli(cli: Cli) -> Result<Self, ConfigError> {

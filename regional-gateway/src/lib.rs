@@ -255,6 +255,7 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
     let mut tick = tokio::time::interval(gateway.settings.replay_interval);
     let interval_ms =
         u64::try_from(gateway.settings.replay_interval.as_millis()).unwrap_or(u64::MAX);
+    let flush_ms = gateway.settings.flush_ms();
     let mut pass: u32 = 0;
     // After a failed pass the next waits the core's backoff (the interval, doubling, at most
     // 5 s), as in the Wasm shells: an origin that is away is not sent every batch each tick.
@@ -271,7 +272,7 @@ async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) 
         pass = pass.wrapping_add(1);
         if !gateway
             .limiter
-            .replay_tick(pass, interval_ms)
+            .replay_tick(pass, interval_ms, flush_ms)
             .await
             .unanswered
         {

@@ -534,7 +534,8 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
         for id in &quiet {
             assert!(g.limit(None, id, 1_000_000).await.0);
         }
-        let tick = g.gateway.limiter.replay_tick(pass, 100).await;
+        // No flush interval: a cell over the floor is not held for the flush.
+        let tick = g.gateway.limiter.replay_tick(pass, 100, 0).await;
         assert!(tick.delivered && tick.batches == 1, "{tick:?}");
         let busy = g.post("/v1/origin/read", None, read("busy")).await;
         assert_eq!(
@@ -578,7 +579,7 @@ async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
     }
     assert_eq!(g.gateway.limiter.unreplayed(), keys);
     // Ticks a second apart: every cell's turn comes on every tick (`QuietPace`).
-    let (tick, during) = polled_during(g.gateway.limiter.replay_tick(1, 1_000)).await;
+    let (tick, during) = polled_during(g.gateway.limiter.replay_tick(1, 1_000, 0)).await;
     assert!(tick.delivered, "{tick:?}");
     assert_eq!(tick.cells, keys, "every cell once: {tick:?}");
     assert!(

@@ -436,6 +436,11 @@ async fn pass_ahead_and_replay(
         "one replay call, no decision"
     );
     assert_eq!(get("hgetall") + get("hget"), 0, "nothing read");
+    assert_eq!(
+        get("script|load"),
+        0,
+        "the batch carries its script (EVAL), not a SCRIPT LOAD beside it"
+    );
     ran
 }
 

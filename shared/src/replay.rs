@@ -139,13 +139,14 @@ impl WindowState {
     }
 
     /// [`take_replay_events`](Self::take_replay_events), holding the current cell's event
-    /// back while the cell [`is_quiet`](Self::is_quiet) under `hold`.
+    /// back while `pace` holds it ([`QuietPace::holds`]; the state in the table's slot
+    /// `slot`).
     pub fn take_replay_events_paced(
         &mut self,
         key: &WindowKey,
         now_ms: u64,
         renew_within: u64,
-        hold: Option<&QuietPace>,
+        pace: Option<(&QuietPace, u32)>,
         events: &mut Vec<ReplayEvent>,
     ) -> Take {
         let idle = self.idle_lease(now_ms) || self.lease_surplus(key.duration(), now_ms);
@@ -188,7 +189,7 @@ impl WindowState {
         };
         let wait = released == 0
             && renew == 0
-            && hold.is_some_and(|pace| self.is_quiet(key.duration(), now_ms, pace));
+            && pace.is_some_and(|(p, slot)| p.holds(self, key.duration(), now_ms, slot));
         let mut take = Take::Taken;
         for (sequence, cell) in self.cells() {
             let (release, renew) = if sequence == self.sequence() {
@@ -244,17 +245,52 @@ impl WindowState {
     /// does: its margin is one pass.
     pub fn is_quiet(&self, duration: WindowDuration, now_ms: u64, pace: &QuietPace) -> bool {
         let cell = self.current();
+        self.is_covered(duration, now_ms, pace)
+            && cell.counts().global == 0
+            && pace
+                .publish
+                .is_none_or(|p| cell.counts().regional < p.threshold(self.limit()))
+    }
+
+    /// Whether all of the current cell's own cost lies under a live lease not within the
+    /// pace's margin of its end ([`is_quiet`](Self::is_quiet)'s first half).
+    fn is_covered(&self, duration: WindowDuration, now_ms: u64, pace: &QuietPace) -> bool {
+        let cell = self.current();
         let margin = if self.lease_is_far(duration, now_ms) {
             pace.margin_ms
         } else {
             pace.interval_ms
         };
-        cell.own() <= cell.grant
-            && now_ms.saturating_add(margin) < cell.lease_until()
-            && cell.counts().global == 0
-            && pace
+        cell.own() <= cell.grant && now_ms.saturating_add(margin) < cell.lease_until()
+    }
+
+    /// One pass in how many the current cell's cost goes under `pace` (0: none; `None`: on
+    /// every pass). A quiet cell goes on its turn ([`QuietPace::passes`]). A covered cell
+    /// whose count the other regions read already (the origin's count of it, its waiting
+    /// cost left out, reached the publish threshold, or another region published it) goes
+    /// once per [`QuietPace::publish_passes`]: the region publishes only once a flush
+    /// interval, so a replay every pass brought it to the others no sooner than the flush.
+    /// A cell whose waiting cost would make it publishable goes at once (its first flush is
+    /// an early one).
+    pub fn paced_every(
+        &self,
+        duration: WindowDuration,
+        now_ms: u64,
+        pace: &QuietPace,
+    ) -> Option<u32> {
+        if !self.is_covered(duration, now_ms, pace) {
+            return None;
+        }
+        if self.is_quiet(duration, now_ms, pace) {
+            return Some(pace.passes);
+        }
+        let cell = self.current();
+        let known = cell.counts().regional.saturating_sub(cell.unacked());
+        let published = cell.counts().global > 0
+            || pace
                 .publish
-                .is_none_or(|p| cell.counts().regional < p.threshold(self.limit()))
+                .is_some_and(|p| known >= p.threshold(self.limit()));
+        (published && pace.publish_passes > 1).then_some(pace.publish_passes)
     }
 }
 
@@ -283,6 +319,9 @@ pub struct QuietPace {
     pub margin_ms: u64,
     /// The time between two passes: the margin of a lease near the limit.
     pub interval_ms: u64,
+    /// A covered cell the other regions read already goes on one pass in this many (the
+    /// region's flush interval in passes; 1: every pass).
+    pub publish_passes: u32,
 }
 
 /// The last quarter of a lease of `lease_ms`, in which a lease in use is renewed (1.25 s of
@@ -301,26 +340,52 @@ impl QuietPace {
     /// whose origin grants leases of `lease_ms`: a quiet cell goes on one pass in
     /// [`QUIET_REPLAY_MS`] (on none while no other region is live: `publish` is `None`), and
     /// never waits within the renewal window (the last quarter of a lease) plus one pass of
-    /// its lease's end.
-    pub fn new(pass: u32, interval_ms: u64, publish: Option<PublishPolicy>, lease_ms: u64) -> Self {
-        let passes = match publish {
-            None => 0,
-            Some(_) => u32::try_from(QUIET_REPLAY_MS / interval_ms.max(1))
+    /// its lease's end. A covered cell the other regions read goes once per `flush_ms`, the
+    /// region's flush interval (0: on every pass).
+    pub fn new(
+        pass: u32,
+        interval_ms: u64,
+        publish: Option<PublishPolicy>,
+        lease_ms: u64,
+        flush_ms: u64,
+    ) -> Self {
+        let passes_in = |ms: u64| {
+            u32::try_from(ms / interval_ms.max(1))
                 .unwrap_or(u32::MAX)
-                .max(1),
+                .max(1)
         };
         Self {
-            passes,
+            passes: publish.map_or(0, |_| passes_in(QUIET_REPLAY_MS)),
             pass,
             publish,
             margin_ms: renewal_window(lease_ms).saturating_add(interval_ms),
             interval_ms,
+            publish_passes: passes_in(flush_ms),
         }
     }
 
-    /// Whether this pass is the turn of the table's slot `slot` (staggered by slot).
+    /// Whether this pass is the turn of the table's slot `slot` for a quiet cell (staggered
+    /// by slot).
     pub fn is_turn(&self, slot: u32) -> bool {
-        self.passes > 0 && slot.wrapping_add(self.pass) % self.passes == 0
+        self.turn(self.passes, slot)
+    }
+
+    /// Whether this pass is slot `slot`'s turn among one pass in `every` (0: never).
+    fn turn(&self, every: u32, slot: u32) -> bool {
+        every > 0 && slot.wrapping_add(self.pass) % every == 0
+    }
+
+    /// Whether `state`, in the table's slot `slot`, waits for a later pass.
+    pub fn holds(
+        &self,
+        state: &WindowState,
+        duration: WindowDuration,
+        now_ms: u64,
+        slot: u32,
+    ) -> bool {
+        state
+            .paced_every(duration, now_ms, self)
+            .is_some_and(|every| !self.turn(every, slot))
     }
 }
 
@@ -371,14 +436,12 @@ impl CounterTable {
             let i = turn as usize;
             let live = slab.is_live(i);
             let slot = &mut slab.slots[i];
-            // Not this slot's turn: a quiet cell waits.
-            let hold = pace.filter(|p| !p.is_turn(turn));
             let take = if live {
                 slot.state.take_replay_events_paced(
                     &slot.key,
                     now_ms,
                     renew_within,
-                    hold.as_ref(),
+                    pace.as_ref().map(|p| (p, turn)),
                     &mut events,
                 )
             } else {

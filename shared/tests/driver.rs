@@ -719,7 +719,7 @@ fn a_region_alone_holds_a_covered_cell_until_its_lease_nears_its_end() {
     // not renewed) waits until one pass before the lease ends, and goes once, whole, with no
     // request to wake the shell.
     let alone = PublishPolicy::default();
-    let (paced, delivered) = paced_use(Some(ReplayPace::new(true, alone)));
+    let (paced, delivered) = paced_use(Some(ReplayPace::new(true, alone, 0)));
     assert_eq!(
         delivered, 20,
         "the held cost reached the gateway: {paced:?}"
@@ -732,9 +732,9 @@ fn a_region_alone_holds_a_covered_cell_until_its_lease_nears_its_end() {
     // Another region live: a covered cell under the publish floor (half the limit here)
     // goes on its turn, about once a second; over it, on every pass.
     let half = PublishPolicy::from_fraction(0.5).unwrap();
-    let (shared, delivered) = paced_use(Some(ReplayPace::new(false, half)));
+    let (shared, delivered) = paced_use(Some(ReplayPace::new(false, half, 0)));
     assert_eq!(delivered, 20);
     assert!((2..=4).contains(&shared.len()), "once a second: {shared:?}");
-    let (published, _) = paced_use(Some(ReplayPace::new(false, alone)));
+    let (published, _) = paced_use(Some(ReplayPace::new(false, alone, 0)));
     assert!(published.len() >= 10, "over the floor: {published:?}");
 }

@@ -704,7 +704,7 @@ fn a_quiet_cell_waits_for_its_turn_and_a_cell_someone_needs_goes_at_once() {
     // A count of 300: over 20% of 1,000, the publish floor.
     counted_at_origin(&mut t, near, 300, 100);
     // Every 100 ms under 5 s leases: one pass in ten, never within 1.35 s of a lease's end.
-    let mut pace = QuietPace::new(0, 100, Some(PublishPolicy::default()), 5_000);
+    let mut pace = QuietPace::new(0, 100, Some(PublishPolicy::default()), 5_000, 0);
     assert_eq!((pace.passes, pace.margin_ms), (10, 1_350));
     let mut seen = std::collections::HashMap::<String, Vec<u64>>::new();
     for pass in 1..=10 {
@@ -782,8 +782,8 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
     };
     let state = *setup().get(k).unwrap();
     assert!(!state.lease_is_far(minute, T0 + 1));
-    let alone = QuietPace::new(1, 100, None, 5_000);
-    let shared = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000);
+    let alone = QuietPace::new(1, 100, None, 5_000, 0);
+    let shared = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000, 0);
     let end = state.current().lease_until();
     assert!(state.is_quiet(minute, T0 + 100, &alone));
     assert!(
@@ -830,6 +830,44 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
     assert_eq!(sent[0].1, state.current().own(), "what waited, whole");
 }
 
+/// With another region live, a covered cell whose count the others read already (the
+/// origin's count of it over the publish threshold) goes once per flush interval, since the
+/// region publishes no more often; one whose waiting cost makes it publishable goes at once
+/// (its first flush is an early one).
+#[test]
+fn a_covered_cell_the_other_regions_read_goes_once_per_flush() {
+    let minute = WindowDuration::from_ms(60_000).unwrap();
+    let setup = |id: &'static str, regional: u64| {
+        let k = WindowKeyRef::new("ws", "ns", id, minute).unwrap();
+        let mut t = small(100);
+        counted_at_origin(&mut t, k, regional, 100);
+        assert!(matches!(t.check(k, 1_000, 1, T0 + 1), Step::Decided(d) if d.success));
+        t
+    };
+    // Flushes every 500 ms, passes every 100 ms: one pass in five.
+    let flush = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000, 500);
+    assert_eq!(flush.publish_passes, 5);
+    let passes_sent = |id: &'static str, regional: u64, pace: QuietPace| {
+        (1..=10)
+            .filter(|&pass| {
+                let mut t = setup(id, regional);
+                let paced = Some(QuietPace { pass, ..pace });
+                !t.take_replay_from(1_000, T0 + 100, paced, 0).0.is_empty()
+            })
+            .count()
+    };
+    // The origin's count, 800 of 1,000, is over the threshold (200).
+    assert_eq!(passes_sent("published", 800, flush), 2, "one pass in five");
+    let unknown = QuietPace::new(1, 100, Some(PublishPolicy::default()), 5_000, 0);
+    assert_eq!(
+        passes_sent("published", 800, unknown),
+        10,
+        "no flush interval"
+    );
+    // 199 at the origin, and the waiting pass makes 200: it goes on every pass.
+    assert_eq!(passes_sent("crossing", 199, flush), 10);
+}
+
 /// A table three quarters full may soon evict, and a held cell's cost would go with its
 /// entry: the pace holds nothing back there (a flood of keys through an edge lost thousands
 /// of passes to eviction while the pace held them).
@@ -837,7 +875,7 @@ fn alone_a_cell_near_its_limit_is_paced_until_one_pass_before_its_lease_ends() {
 fn a_table_that_may_soon_evict_holds_no_cell_back() {
     let minute = WindowDuration::from_ms(60_000).unwrap();
     let k = WindowKeyRef::new("ws", "ns", "near", minute).unwrap();
-    let alone = Some(QuietPace::new(1, 100, None, 5_000));
+    let alone = Some(QuietPace::new(1, 100, None, 5_000, 0));
     let filled = |others: usize| {
         let mut t = small(MIN_CAPACITY);
         counted_at_origin(&mut t, k, 800, 100);

@@ -336,13 +336,14 @@ fn responses_have_the_contract_shape() {
         pace: Some(ReplayPace::new(
             false,
             PublishPolicy::from_fraction(0.05).unwrap(),
+            500,
         )),
         ..renewed.clone()
     };
     let json = serde_json::to_string(&paced).unwrap();
     assert_eq!(
         json,
-        r#"{"cells":[{"regional":4,"global":2}],"pace":{"alone":false,"publish_floor_ppm":50000}}"#
+        r#"{"cells":[{"regional":4,"global":2}],"pace":{"alone":false,"publish_floor_ppm":50000,"flush_ms":500}}"#
     );
     let back = serde_json::from_str::<CellsResponse>(&json).unwrap();
     assert_eq!(back, paced);

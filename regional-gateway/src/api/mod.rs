@@ -300,7 +300,7 @@ async fn origin_replay(
     Ok(Json(CellsResponse {
         cells: counts,
         renewed,
-        pace: Some(gw.limiter.replay_pace()),
+        pace: Some(gw.limiter.replay_pace(gw.settings.flush_ms())),
     }))
 }
 

@@ -343,8 +343,8 @@ impl Limiter {
     /// Who reads the region's counts now, which paces the replay of quiet cells (this
     /// gateway's, and its callers' through the replay answer). Alone, the region's counts are
     /// imported by no one: the publish floor does not hold a cell's cost back from the pace.
-    pub fn replay_pace(&self) -> ReplayPace {
-        ReplayPace::new(self.global.alone(), self.global.policy())
+    pub fn replay_pace(&self, flush_ms: u64) -> ReplayPace {
+        ReplayPace::new(self.global.alone(), self.global.policy(), flush_ms)
     }
 
     /// Sends one replay batch (up to `MAX_BATCH` cells) of every cell holding unacknowledged
@@ -364,9 +364,10 @@ impl Limiter {
     /// next). Its wall time goes to `strata_replay_pass_seconds`: under a load that fills the
     /// workers, a pass stretches (every waiting request runs between two batches), and one
     /// nearing the interval says the replay is falling behind.
-    pub async fn replay_tick(&self, pass: u32, interval_ms: u64) -> ReplayTick {
-        let publish = self.replay_pace().publish();
-        let pace = QuietPace::new(pass, interval_ms, publish, self.origin.lease_ms());
+    pub async fn replay_tick(&self, pass: u32, interval_ms: u64, flush_ms: u64) -> ReplayTick {
+        let publish = self.replay_pace(flush_ms).publish();
+        let lease_ms = self.origin.lease_ms();
+        let pace = QuietPace::new(pass, interval_ms, publish, lease_ms, flush_ms);
         let started = std::time::Instant::now();
         let mut tick = ReplayTick {
             delivered: true,

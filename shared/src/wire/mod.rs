@@ -283,14 +283,21 @@ pub struct ReplayPace {
     #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub publish_floor_ppm: u64,
+    /// How often the region publishes its counts, in ms (its flush interval; default 0:
+    /// unknown): a covered cell whose count the other regions read already is replayed about
+    /// this often, since they see it no sooner than the flush.
+    #[cfg_attr(feature = "openapi", schema(maximum = 3_600_000_u64))]
+    #[serde(default, deserialize_with = "integer::integer")]
+    pub flush_ms: u64,
 }
 
 impl ReplayPace {
-    /// The pace of a region that is `alone` or publishes by `policy`.
-    pub fn new(alone: bool, policy: PublishPolicy) -> Self {
+    /// The pace of a region that is `alone` or publishes by `policy` every `flush_ms`.
+    pub fn new(alone: bool, policy: PublishPolicy, flush_ms: u64) -> Self {
         Self {
             alone,
             publish_floor_ppm: u64::from(policy.floor_ppm()),
+            flush_ms,
         }
     }
 

@@ -23,6 +23,7 @@
 mod link;
 
 use std::fmt::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -494,7 +495,8 @@ fn backend(e: redis::RedisError) -> OriginError {
 pub struct RedisOrigin {
     link: Link,
     decide: redis::Script,
-    replay: redis::Script,
+    /// The replay script's text, sent whole with each single-node batch (`EVAL`).
+    replay: Arc<str>,
     /// The replay script for every cell of one cluster node (`KEYS_UNDECLARED_LUA`).
     replay_node: redis::Script,
     roll_back: redis::Script,
@@ -546,9 +548,7 @@ impl RedisOrigin {
         Self {
             link,
             decide: redis::Script::new(&decide_lua()),
-            replay: redis::Script::new(&format!(
-                "{LEASE_LUA}{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}"
-            )),
+            replay: format!("{LEASE_LUA}{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}").into(),
             replay_node: redis::Script::new(&format!(
                 "#!lua flags=allow-cross-slot-keys\n{LEASE_LUA}{RELEASE_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
             )),
@@ -813,15 +813,16 @@ impl RedisOrigin {
         }
         let (link, conn) = match &self.link {
             Link::Single(c) => {
-                // One script call for the batch, with the script loaded in the same round
-                // trip: a restarted Redis never answers NOSCRIPT, and a batch whose answer
-                // timed out is still applied once Redis reads it.
-                let invocation = self.replay_invocation(instance, cells, lease_ms);
-                let mut pipe = redis::pipe();
-                pipe.load_script(&self.replay).ignore();
-                pipe.invoke_script(&invocation);
-                let (counts,): (Vec<redis::Value>,) =
-                    pipe.query_async(&mut c.clone()).await.map_err(backend)?;
+                // One command for the batch, the script sent whole (`EVAL`, which Redis
+                // caches compiled by its hash): a restarted Redis never answers NOSCRIPT,
+                // and a batch whose answer timed out is still applied once Redis reads it.
+                // (`SCRIPT LOAD` then `EVALSHA` in one round trip sent the same bytes as two
+                // commands.)
+                let counts: Vec<redis::Value> = self
+                    .replay_eval(instance, cells, lease_ms)
+                    .query_async(&mut c.clone())
+                    .await
+                    .map_err(backend)?;
                 return replayed(counts, cells);
             }
             Link::Cluster(c) => (c, c.conn().await.map_err(backend)?),
@@ -850,7 +851,9 @@ impl RedisOrigin {
                 invocation.arg(&keys[i]).arg(leases_of(&keys[i]));
             }
             for c in &node_cells {
-                replay_values(&mut invocation, c);
+                for v in replay_values(c) {
+                    invocation.arg(v);
+                }
             }
             async move {
                 let counts = invocation
@@ -892,23 +895,22 @@ impl RedisOrigin {
     }
 
     /// The replay script's call for `cells` (see `REPLAY_LUA`).
-    fn replay_invocation(
-        &self,
-        instance: &str,
-        cells: &[CellUsed<'_>],
-        lease_ms: u64,
-    ) -> redis::ScriptInvocation<'_> {
-        let mut invocation = self.replay.prepare_invoke();
-        invocation
-            .arg(instance)
-            .arg(strata_core::lease::reserved_until(0, lease_ms));
+    /// The single-node replay of `cells`: `EVAL` of the replay script, per cell its key and
+    /// its leases' key, then the instance, the renewal's reservation, and per cell its values.
+    fn replay_eval(&self, instance: &str, cells: &[CellUsed<'_>], lease_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&*self.replay).arg(2 * cells.len());
         for c in cells {
             let cell = cell_key(c.key, c.sequence);
             let leases = leases_of(&cell);
-            invocation.key(cell).key(leases);
-            replay_values(&mut invocation, c);
+            cmd.arg(cell).arg(leases);
         }
-        invocation
+        cmd.arg(instance)
+            .arg(strata_core::lease::reserved_until(0, lease_ms));
+        for c in cells {
+            cmd.arg(&replay_values(c)[..]);
+        }
+        cmd
     }
 
     pub(crate) async fn ping(&self) -> Result<(), OriginError> {
@@ -953,13 +955,15 @@ async fn read_counts(
 
 /// One cell's values in a replay call: its own cumulative count, the acknowledged count, the
 /// expiry (ms), the lease given back and the lease to renew.
-fn replay_values(invocation: &mut redis::ScriptInvocation<'_>, c: &CellUsed<'_>) {
-    invocation
-        .arg(c.used)
-        .arg(c.acked)
-        .arg(c.key.duration().as_ms().saturating_mul(3))
-        .arg(c.release)
-        .arg(c.renew);
+/// One cell's values in a replay script call (`REPLAY_LUA`'s ARGV, per cell).
+fn replay_values(c: &CellUsed<'_>) -> [u64; 5] {
+    [
+        c.used,
+        c.acked,
+        c.key.duration().as_ms().saturating_mul(3),
+        c.release,
+        c.renew,
+    ]
 }
 
 /// Routes a pipeline to the primary that holds `slot`.

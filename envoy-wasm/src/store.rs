@@ -263,21 +263,21 @@ impl<H: Host> Homes<'_, H> {
             .and_then(|d| WindowKeyRef::new(WORKSPACE, entry.namespace, entry.identifier, d).ok())?
             .to_owned_key();
         let (before, before_state) = (events.len(), state);
-        let take = state.take_replay_events_paced(&key, now_ms, 0, pace, events);
+        let take = state.take_replay_events(&key, now_ms, 0, pace, events);
         if take == Take::Done {
             return None;
         }
-        // A held cell is read on every pass: its turn or its lease's margin may come.
-        let wait = if take == Take::Held {
+        if take == Take::Held {
             *held += 1;
-            1
-        } else {
-            QUIET_PASSES
-        };
+        }
         if state == before_state && events.len() == before {
-            // A lease to watch until it sits idle near the limit.
-            return (take == Take::Held || !state.lease_is_far(key.duration(), now_ms))
-                .then_some(wait);
+            // A held cell is read on every pass (its turn or its lease's margin may come); a
+            // lease is watched until it sits idle near the limit.
+            return if take == Take::Held {
+                Some(1)
+            } else {
+                (!state.lease_is_far(key.duration(), now_ms)).then_some(QUIET_PASSES)
+            };
         }
         let claim = if events.len() > before {
             now_ms.saturating_add(self.state.claim_ms)

@@ -22,7 +22,7 @@ pub struct Report {
     pub redis_commands_per_1000: f64,
     /// Redis commands per 1,000 requests by name (the lab's own polls included, which the
     /// total leaves out).
-    pub redis_per_1000_by_command: std::collections::BTreeMap<String, f64>,
+    pub redis_per_1000_by_name: std::collections::BTreeMap<String, f64>,
     pub origin_calls_per_1000: f64,
     /// Origin calls per 1,000 requests by kind ([`CALL_KINDS`]; the lab's own reads left out).
     pub calls_per_1000_by_kind: [f64; CALL_KINDS.len()],
@@ -91,7 +91,7 @@ impl Report {
                     .saturating_sub(polled) as f64,
                 requests,
             ),
-            redis_per_1000_by_command: after
+            redis_per_1000_by_name: after
                 .redis_by_command
                 .iter()
                 .map(|(name, n)| {
@@ -188,7 +188,7 @@ impl Report {
                 "latency_us": latency(&f.latency),
                 "latency_us_by_region": f.latency_by_region.iter().map(latency).collect::<Vec<_>>(),
                 "redis_commands_per_1000": self.redis_commands_per_1000,
-                "redis_commands_per_1000_by_name": self.redis_per_1000_by_command,
+                "redis_commands_per_1000_by_name": self.redis_per_1000_by_name,
                 "origin_calls_per_1000": self.origin_calls_per_1000,
                 "origin_calls_per_1000_by_kind": named(&CALL_KINDS, &self.calls_per_1000_by_kind),
                 "asked_origin_per_1000_for": named(&REASONS, &self.asked_per_1000_for),
@@ -266,7 +266,7 @@ impl Report {
             list(&SOURCES, &self.decided_per_1000_by),
             list(&CALL_KINDS, &self.calls_per_1000_by_kind),
             list(&REASONS, &self.asked_per_1000_for),
-            self.redis_per_1000_by_command
+            self.redis_per_1000_by_name
                 .iter()
                 .map(|(name, n)| format!("{name} {n:.1}"))
                 .collect::<Vec<_>>()

@@ -141,13 +141,8 @@ impl Redis {
         Ok(())
     }
 
-    /// Commands the server has run since it started (`INFO commandstats`, the commands scripts
-    /// run included), less the lab's own `INFO` calls.
-    pub fn commands(&self) -> u64 {
-        self.commands_by_name().values().sum()
-    }
-
-    /// [`commands`](Self::commands) by command name (`evalsha`, `hincrby`, ...).
+    /// Commands the server has run since it started, by name (`eval`, `hincrby`, ...): `INFO
+    /// commandstats`, the commands scripts run included, less the lab's own `INFO` calls.
     pub fn commands_by_name(&self) -> std::collections::BTreeMap<String, u64> {
         let Some(text) = redis_command(self.port, "INFO commandstats", bulk_complete) else {
             return Default::default();

@@ -184,11 +184,8 @@ async fn faults_under_load_lose_no_count_and_double_none() {
 
     // The breaker closed again, and both saw the faults.
     for g in [&a, &b2] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while metric(&http, &g.base, "strata_origin_up").await < 1.0 {
-            assert!(Instant::now() < deadline, "{}: origin still down", g.base);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let up = Duration::from_secs(10);
+        common::process::await_gauge(&http, &g.base, "strata_origin_up", 1.0, up).await;
         assert_eq!(
             http.get(format!("{}/readyz", g.base))
                 .send()

@@ -122,26 +122,15 @@ impl WindowState {
     /// Adds to `events` what a replay pass takes from this state (of window key `key`) at
     /// `now_ms`: an event per cell holding own cost the origin has not acknowledged, and the
     /// lease, released, if it sat idle near the limit for a pass (see
-    /// [`WindowState::idle_lease`]). Returns false when nothing of it concerns the replay any
-    /// more (no unacknowledged cost, no lease to watch).
+    /// [`WindowState::idle_lease`]). The current cell's event is held back while `pace`
+    /// holds it ([`QuietPace::holds`]; the state in the table's slot `slot`). Returns
+    /// [`Take::Done`] when nothing of it concerns the replay any more (no unacknowledged
+    /// cost, no lease to watch).
     ///
     /// With `renew_within` above 0, a lease in use (own cost unacknowledged) that ends within
     /// that many ms, on a cell whose count and lease stay within half the limit, is asked to
     /// be renewed ([`ReplayEvent::renew`]).
     pub fn take_replay_events(
-        &mut self,
-        key: &WindowKey,
-        now_ms: u64,
-        renew_within: u64,
-        events: &mut Vec<ReplayEvent>,
-    ) -> bool {
-        self.take_replay_events_paced(key, now_ms, renew_within, None, events) != Take::Done
-    }
-
-    /// [`take_replay_events`](Self::take_replay_events), holding the current cell's event
-    /// back while `pace` holds it ([`QuietPace::holds`]; the state in the table's slot
-    /// `slot`).
-    pub fn take_replay_events_paced(
         &mut self,
         key: &WindowKey,
         now_ms: u64,
@@ -244,9 +233,14 @@ impl WindowState {
     /// before the reservation's grace runs out, which the first pass after the lease's end
     /// does: its margin is one pass.
     pub fn is_quiet(&self, duration: WindowDuration, now_ms: u64, pace: &QuietPace) -> bool {
+        self.is_covered(duration, now_ms, pace) && self.is_unread(pace)
+    }
+
+    /// Whether no other region reads the current cell's count yet, its waiting cost included
+    /// ([`is_quiet`](Self::is_quiet)'s second half).
+    fn is_unread(&self, pace: &QuietPace) -> bool {
         let cell = self.current();
-        self.is_covered(duration, now_ms, pace)
-            && cell.counts().global == 0
+        cell.counts().global == 0
             && pace
                 .publish
                 .is_none_or(|p| cell.counts().regional < p.threshold(self.limit()))
@@ -281,7 +275,7 @@ impl WindowState {
         if !self.is_covered(duration, now_ms, pace) {
             return None;
         }
-        if self.is_quiet(duration, now_ms, pace) {
+        if self.is_unread(pace) {
             return Some(pace.passes);
         }
         let cell = self.current();
@@ -364,6 +358,18 @@ impl QuietPace {
         }
     }
 
+    /// [`new`](Self::new) with what the gateway stated of its region (`stated`): the pace of
+    /// the gateway's own replay and, through its replay answers, of the Wasm shells'.
+    pub fn stated(pass: u32, interval_ms: u64, lease_ms: u64, stated: &wire::ReplayPace) -> Self {
+        Self::new(
+            pass,
+            interval_ms,
+            stated.publish(),
+            lease_ms,
+            stated.flush_ms,
+        )
+    }
+
     /// Whether this pass is the turn of the table's slot `slot` for a quiet cell (staggered
     /// by slot).
     pub fn is_turn(&self, slot: u32) -> bool {
@@ -401,8 +407,8 @@ impl CounterTable {
 
     /// One of the takes of a replay pass that sends its cells in several batches: up to `max`
     /// cells as [`take_replay`](Self::take_replay) gives them (quiet ones paced by `pace`, if
-    /// any, while the table is under three quarters full), walking the table's touched cells from `from`, the position the pass's previous
-    /// take returned (0 for its first). Returns where the next take of the pass goes on, or
+    /// any, while the table is under three quarters full), walking the table's touched cells
+    /// from `from`, the position the pass's previous take returned (0 for its first). Returns where the next take of the pass goes on, or
     /// `None` once every touched cell was looked at. A pass so looks at each cell once,
     /// however many batches it sends; a cell used again behind that position goes with the
     /// next pass.
@@ -437,7 +443,7 @@ impl CounterTable {
             let live = slab.is_live(i);
             let slot = &mut slab.slots[i];
             let take = if live {
-                slot.state.take_replay_events_paced(
+                slot.state.take_replay_events(
                     &slot.key,
                     now_ms,
                     renew_within,

@@ -365,9 +365,8 @@ impl Limiter {
     /// workers, a pass stretches (every waiting request runs between two batches), and one
     /// nearing the interval says the replay is falling behind.
     pub async fn replay_tick(&self, pass: u32, interval_ms: u64, flush_ms: u64) -> ReplayTick {
-        let publish = self.replay_pace(flush_ms).publish();
         let lease_ms = self.origin.lease_ms();
-        let pace = QuietPace::new(pass, interval_ms, publish, lease_ms, flush_ms);
+        let pace = QuietPace::stated(pass, interval_ms, lease_ms, &self.replay_pace(flush_ms));
         let started = std::time::Instant::now();
         let mut tick = ReplayTick {
             delivered: true,

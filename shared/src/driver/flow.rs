@@ -596,10 +596,9 @@ impl Flow {
     fn send_replay<S: Store>(&mut self, store: &mut S, home: Home, from: usize, now_ms: u64) {
         let interval = self.config.replay_interval_ms;
         let lane = self.lane(home);
-        let pace = lane.pace.map(|p| {
-            let lease_ms = store.lease_ms(home);
-            QuietPace::new(lane.pass, interval, p.publish(), lease_ms, p.flush_ms)
-        });
+        let pace = lane
+            .pace
+            .map(|p| QuietPace::stated(lane.pass, interval, store.lease_ms(home), &p));
         let (batch, next) = store.take_replay(home, wire::MAX_BATCH, now_ms, pace, from);
         let lane = self.lane(home);
         lane.held |= batch.held > 0;

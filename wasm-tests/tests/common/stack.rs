@@ -407,14 +407,21 @@ impl Stack {
         let (before, hits) = (self.decide_calls().await, self.upstream.hits());
         let replays_before = self.replay_calls().await;
         let first = now_ms() / PACED_WINDOW_MS;
-        let clients = self.paced_clients(bases, &key, Duration::from_millis(10), RUN);
+        // When the clients' last request was answered (0: still running).
+        let ended = std::sync::atomic::AtomicU64::new(0);
+        let clients = async {
+            let run = self.paced_clients(bases, &key, Duration::from_millis(10), RUN);
+            let sent_passed = run.await;
+            ended.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+            sent_passed
+        };
         // Each window's count, read a second after it ends (a held cell's replay went a pass
         // before its lease's end, or with the window's rollover; Redis keeps a cell three
-        // windows).
+        // windows), up to the window the clients ended in: a run that starts at a window's
+        // end reaches into one window more than its length spans.
         let windows = async {
             let mut counts = Vec::new();
-            let last = (now_ms() + RUN.as_secs() * 1_000) / PACED_WINDOW_MS;
-            for seq in first..=last {
+            for seq in first.. {
                 let read_at = (seq + 1) * PACED_WINDOW_MS + 1_000;
                 tokio::time::sleep(Duration::from_millis(read_at.saturating_sub(now_ms()))).await;
                 let at = seq * PACED_WINDOW_MS;
@@ -422,6 +429,10 @@ impl Stack {
                     self.regional_at("e2e", &identifier, PACED_WINDOW_MS, at)
                         .await,
                 );
+                let ended = ended.load(std::sync::atomic::Ordering::Relaxed);
+                if ended > 0 && ended < (seq + 1) * PACED_WINDOW_MS {
+                    break;
+                }
             }
             counts
         };

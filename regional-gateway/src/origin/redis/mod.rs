@@ -894,7 +894,6 @@ impl RedisOrigin {
         }
     }
 
-    /// The replay script's call for `cells` (see `REPLAY_LUA`).
     /// The single-node replay of `cells`: `EVAL` of the replay script, per cell its key and
     /// its leases' key, then the instance, the renewal's reservation, and per cell its values.
     fn replay_eval(&self, instance: &str, cells: &[CellUsed<'_>], lease_ms: u64) -> redis::Cmd {
@@ -953,9 +952,9 @@ async fn read_counts(
     Ok(values.into_iter().map(|v| v.unwrap_or(0)).collect())
 }
 
-/// One cell's values in a replay call: its own cumulative count, the acknowledged count, the
-/// expiry (ms), the lease given back and the lease to renew.
-/// One cell's values in a replay script call (`REPLAY_LUA`'s ARGV, per cell).
+/// One cell's values in a replay script call (`REPLAY_LUA`'s ARGV, per cell): its own
+/// cumulative count, the acknowledged count, the expiry (ms), the lease given back and the
+/// lease to renew.
 fn replay_values(c: &CellUsed<'_>) -> [u64; 5] {
     [
         c.used,

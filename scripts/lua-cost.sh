@@ -8,7 +8,7 @@
 #   scripts/lua-cost.sh HEAD~3       # ... beside the one of another revision
 #   N=2000 scripts/lua-cost.sh       # calls per case (default 1000)
 #
-# Cases: "new key", a first decision (all four hashes new: fresh random keys each call);
+# Cases: "new key", a first decision (both cells new: fresh random keys each call);
 # "warm key", the same key and caller every call (a pass that raises the caller's lease).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,9 @@ cost() {
   sha=$(redis-cli -p "$p" script load "$(cat "$script")")
   now=$(date +%s%3N)
   # ARGV: limit 10^9, cost 1, an hour's window, now, caller gw1, nothing used, want 10, a 5 s
-  # lease, counted, no global counts, nothing given back, no floors, nothing undone, call 1
+  # lease, counted, no global counts, nothing given back, no floors, nothing undone, call 1.
+  # Four keys: a script from before the leases moved into the cells reads the last two as
+  # their lease hashes; a later one leaves them unread.
   redis-benchmark -p "$p" -n "$N" -c 1 -r 100000000 -q EVALSHA "$sha" 4 \
     "$k:1" "$k:0" "$k:1:l" "$k:0:l" 1000000000 1 3600000 "$now" gw1 0 0 10 5000 0 0 0 0 0 0 0 1 >/dev/null
   redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true

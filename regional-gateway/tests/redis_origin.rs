@@ -324,7 +324,7 @@ fn script_commands(ran: &std::collections::HashMap<String, u64>) -> u64 {
 
 /// Decides `cold-0` .. `cold-<keys>` on `gateway`, each a pass at the origin, and returns the
 /// commands Redis ran for them, having checked what every such decision costs: one script
-/// call, each hash read once (`HGETALL`), the cell and its leases written once each.
+/// call, each cell read once (`HGETALL`, its leases with it), the current cell written once.
 async fn decide_cold_keys(
     redis: &RedisServer,
     gateway: &Arc<Gateway>,
@@ -340,75 +340,64 @@ async fn decide_cold_keys(
     println!("{keys} decisions at the origin: {ran:?}");
     let get = |name: &str| ran.get(name).copied().unwrap_or(0);
     assert_eq!(get("evalsha") + get("eval"), keys, "one script call each");
-    assert_eq!(
-        get("hgetall"),
-        4 * keys,
-        "both cells and both lease hashes, once"
-    );
+    assert_eq!(get("hgetall"), 2 * keys, "both cells, once");
     assert_eq!(get("hget"), 0, "no field read alone");
     assert_eq!(
         get("hset"),
-        2 * keys,
-        "the cell and its leases, written once each"
+        keys,
+        "the cell, its count and the caller's lease, written once"
     );
     ran
 }
 
 /// What a cold decision costs Redis (the usual one for a key seen less often than a lease
-/// lasts): each of its four hashes read once, whole, and written at most once; an expiry set
-/// only on a hash it made (the cell and its leases on a new key, none on a key Redis holds);
-/// no field read or written by a command of its own. It was about 25 commands, twelve of them
-/// `HGET`s.
+/// lasts): each cell read once, whole, its leases with it, and the current one written once;
+/// an expiry set only on a cell it made (on a new key, none on a key Redis holds); no field
+/// read or written by a command of its own. It was about 25 commands, twelve of them `HGET`s,
+/// then 7 (9 on a new key) while the leases had hashes of their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_decision_reads_and_writes_each_hash_once() {
     const KEYS: u64 = 50;
     let redis = RedisServer::start();
     let g = on_redis(&redis).await;
     let ran = decide_cold_keys(&redis, &g.gateway, KEYS).await;
-    assert_eq!(
-        ran.get("pexpire"),
-        Some(&(2 * KEYS)),
-        "the cell and its leases, made"
-    );
+    assert_eq!(ran.get("pexpire"), Some(&KEYS), "the cell, made");
     let in_scripts = script_commands(&ran);
     assert!(
-        in_scripts <= 9 * KEYS,
+        in_scripts <= 5 * KEYS,
         "{in_scripts} commands for {KEYS} decisions"
     );
-    let seq = T0 / 60_000;
-    let hashes = [
-        cell_key(key("cold-7"), seq),
-        format!("{}:l", cell_key(key("cold-7"), seq)),
-    ];
-    for k in &hashes {
-        let ttl: i64 = redis.cli(&["PTTL", k]).parse().unwrap();
-        assert!(
-            ttl > 0 && ttl <= 180_000,
-            "{k} expires three windows on: {ttl} ms"
-        );
-    }
+    let cell = cell_key(key("cold-7"), T0 / 60_000);
+    let ttl: i64 = redis.cli(&["PTTL", &cell]).parse().unwrap();
+    assert!(
+        ttl > 0 && ttl <= 180_000,
+        "{cell} expires three windows on: {ttl} ms"
+    );
 
     // The same keys, cold for a second gateway but not for Redis (the usual decision on a key
     // seen less often than a lease lasts): none given a new expiry.
     let other = on_redis(&redis).await;
     let ran = decide_cold_keys(&redis, &other.gateway, KEYS).await;
-    assert_eq!(ran.get("pexpire"), None, "the hashes keep their expiry");
+    assert_eq!(ran.get("pexpire"), None, "the cell keeps its expiry");
     let in_scripts = script_commands(&ran);
     assert!(
-        in_scripts <= 7 * KEYS,
+        in_scripts <= 4 * KEYS,
         "{in_scripts} commands for {KEYS} decisions"
     );
-    assert_eq!(
-        redis.cli(&["HGET", &hashes[0], "n"]),
-        "2",
-        "both passes counted"
-    );
-    let holders: i64 = redis.cli(&["HLEN", &hashes[1]]).parse().unwrap();
-    assert_eq!(holders, 2, "both gateways hold a lease");
-    for k in &hashes {
-        let ttl: i64 = redis.cli(&["PTTL", k]).parse().unwrap();
-        assert!(ttl > 0 && ttl <= 180_000, "{k} still expires: {ttl} ms");
-    }
+    assert_eq!(redis.cli(&["HGET", &cell, "n"]), "2", "both passes counted");
+    assert_eq!(leases(&redis, &cell).len(), 2, "both gateways hold a lease");
+    let ttl: i64 = redis.cli(&["PTTL", &cell]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 180_000, "{cell} still expires: {ttl} ms");
+}
+
+/// The lease records in `cell` (its `l:<instance>` fields).
+fn leases(redis: &RedisServer, cell: &str) -> Vec<String> {
+    let all = redis.cli(&["HGETALL", cell]);
+    let all: Vec<&str> = all.lines().map(str::trim).collect();
+    all.chunks_exact(2)
+        .filter(|fv| fv[0].starts_with("l:"))
+        .map(|fv| fv[1].to_string())
+        .collect()
 }
 
 /// Passes ahead on `keys` keys far from their limit (`sparse-0` ..), one each on `gateway`,
@@ -468,11 +457,11 @@ async fn a_pass_ahead_costs_redis_its_replayed_cell_alone() {
     assert_eq!(redis.cli(&["HGET", &cell, "n"]), "2", "both passes counted");
 }
 
-/// A lease hash the decide script empties (the one lease in it, another gateway's, expired)
-/// and fills again (the caller's new lease) is a new key to Redis: it gets an expiry like a key
-/// made from nothing. The caller's own lease, run out, is replaced in place.
+/// A decision drops another gateway's run-out lease from the cell (one `HDEL` beside the
+/// cell's one write) and replaces the caller's own run-out lease in place (one `HSET`, no
+/// `HDEL`); the cell keeps its expiry throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_hash_emptied_and_made_again_still_expires() {
+async fn a_run_out_lease_is_dropped_and_the_callers_own_replaced_in_place() {
     let redis = RedisServer::start();
     let short = || {
         common::with_settings(strata_gateway::config::Settings {
@@ -483,8 +472,11 @@ async fn a_lease_hash_emptied_and_made_again_still_expires() {
     };
     let (a, b) = (short().await, short().await);
     assert!(decide(&a.gateway, "handed-on", WAITS).await);
-    let leases = format!("{}:l", cell_key(key("handed-on"), T0 / 60_000));
-    let record = redis.cli(&["HVALS", &leases]);
+    let cell = cell_key(key("handed-on"), T0 / 60_000);
+    let record = match &leases(&redis, &cell)[..] {
+        [one] => one.clone(),
+        other => panic!("one lease record: {other:?}"),
+    };
     let until: u64 = record
         .split_once(':')
         .and_then(|(_, id)| id.parse().ok())
@@ -501,7 +493,7 @@ async fn a_lease_hash_emptied_and_made_again_still_expires() {
         },
     )
     .await;
-    // b decides at the origin; the commands Redis ran for it, and the one lease left, expiring
+    // b decides at the origin; the commands Redis ran for it, and the one lease left
     let decide_on_b = async || {
         redis.cli(&["CONFIG", "RESETSTAT"]);
         assert!(decide(&b.gateway, "handed-on", WAITS).await);
@@ -511,24 +503,25 @@ async fn a_lease_hash_emptied_and_made_again_still_expires() {
             Some(&1),
             "decided at the origin: {ran:?}"
         );
-        let holders: i64 = redis.cli(&["HLEN", &leases]).parse().unwrap();
-        assert_eq!(holders, 1, "only the new lease");
-        let ttl: i64 = redis.cli(&["PTTL", &leases]).parse().unwrap();
-        assert!(ttl > 0 && ttl <= 180_000, "{leases} expires: {ttl} ms");
-        ran
+        let left = leases(&redis, &cell);
+        assert_eq!(left.len(), 1, "only the new lease: {left:?}");
+        let ttl: i64 = redis.cli(&["PTTL", &cell]).parse().unwrap();
+        assert!(ttl > 0 && ttl <= 180_000, "{cell} expires: {ttl} ms");
+        (ran, left[0].clone())
     };
-    let ran = decide_on_b().await;
-    println!("a decision that empties and refills the lease hash: {ran:?}");
+    let (ran, first) = decide_on_b().await;
+    println!("a decision that drops another's run-out lease: {ran:?}");
     assert_eq!(ran.get("hdel"), Some(&1), "the expired lease dropped");
+    assert_ne!(first, record, "b's lease in place of a's");
 
-    // The caller's own lease, run out and given back, is replaced by its next one in place:
-    // one HSET, no HDEL, so the hash never empties and keeps its expiry.
+    // The caller's own lease, run out and given back, is replaced by its next one in place.
     b.clock.advance(1_000);
-    let ran = decide_on_b().await;
+    let (ran, next) = decide_on_b().await;
     println!("the caller's next lease in place of its last: {ran:?}");
     assert_eq!(ran.get("hdel"), None, "replaced, not dropped");
-    assert_eq!(ran.get("pexpire"), None, "the hash kept its expiry");
-    assert_ne!(redis.cli(&["HVALS", &leases]), record, "a new lease");
+    assert_eq!(ran.get("hset"), Some(&1), "the cell's one write");
+    assert_eq!(ran.get("pexpire"), None, "the cell kept its expiry");
+    assert_ne!(next, first, "a new lease");
 }
 
 /// What a replay costs Redis: one script call per batch; per cell, two commands when the

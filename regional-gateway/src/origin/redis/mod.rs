@@ -3,13 +3,15 @@
 //! Keys: `strata:{<workspace>:<namespace>:<identifier>:<duration_ms>}:<sequence>`, every part
 //! percent-encoded except `[A-Za-z0-9._~-]`, so no identifier can forge a separator, a hash
 //! tag brace or another tenant's key. The braces make the whole window key the Redis Cluster
-//! hash tag: both cells of a window, and their lease hashes, share a slot.
+//! hash tag: both cells of a window share a slot.
 //!
 //! A cell is a hash, the core's [`strata_core::ledger::CellLedger`] in Redis: `n` the region's
 //! count, `o:<instance>` each process's cumulative own count (merged with `max`, so a replay
-//! delivered twice counts once), `i:<instance>` the last lease id it was granted; beside it
-//! `<cell>:l` holds the live leases, `<instance> → "<ceiling>:<id>"` (the id is the
-//! reservation deadline, made strictly increasing). Keys expire three windows after their first write.
+//! delivered twice counts once), `i:<instance>` the last lease id it was granted, and
+//! `l:<instance>` its live lease, `"<ceiling>:<id>"` (the id is the reservation deadline, made
+//! strictly increasing). The leases live in the cell's hash, not beside it, so a decision
+//! reads a cell and its leases with one command and writes them with one. Keys expire three
+//! windows after their first write.
 //! A replay batch is one script call (a bad cell fails alone); a read batch is one pipeline of
 //! `HGET`s; a decision is one script per window key.
 //!
@@ -17,7 +19,7 @@
 //! one script call per node (its cells' keys undeclared but for the first, which Redis allows
 //! a script flagged `allow-cross-slot-keys` for the node's own slots), sent concurrently; a
 //! node that fails, or a cell whose slot moved, fails only its cells, which the next batch
-//! carries again. A decision's four keys share their window's slot, and a multi-limit
+//! carries again. A decision's two keys share their window's slot, and a multi-limit
 //! decision's rollback goes key by key.
 
 mod link;
@@ -45,18 +47,17 @@ local function names_lease(v, id)
 end
 "#;
 
-/// The replay script's: drop a process's lease `id` unless a newer grant replaced it.
+/// The replay script's: drop a process's lease `id` on `cell` unless a newer grant replaced it.
 const RELEASE_LUA: &str = r#"
-local function release(leases, inst, id)
+local function release(cell, inst, id)
   if id == '0' then return end
-  if names_lease(redis.call('HGET', leases, inst), id) then
-    redis.call('HDEL', leases, inst)
+  if names_lease(redis.call('HGET', cell, 'l:' .. inst), id) then
+    redis.call('HDEL', cell, 'l:' .. inst)
   end
 end
 "#;
 
-/// A replay batch, one script call for all its cells. KEYS: per cell, the cell and its
-/// leases. ARGV: instance, how long a renewed lease is reserved (ms, on Redis's clock), then
+/// A replay batch, one script call for all its cells. KEYS: the cells. ARGV: instance, how long a renewed lease is reserved (ms, on Redis's clock), then
 /// per cell its own cumulative count, the count the caller knows was acknowledged (0:
 /// unknown), ttl ms, the id of a lease given back (0: none) and the id of a live lease to
 /// renew (0: none). Returns per cell two values: its count after the merge (or the error text
@@ -68,19 +69,20 @@ end
 /// that first write makes the cell (a pass ahead on a key new to the region). Otherwise (a
 /// lost answer, lost data) it is put right with a `max`-merge, two or three commands more.
 /// The expiry is set once, by the write that makes the cell (the decide script sets it for
-/// cells decided first), not on every replay. A renewal (once per lease lifetime of a key in use, three commands) keeps
-/// the same ceiling under a new id, like a grant's.
+/// cells decided first), not on every replay. A renewal (once per lease lifetime of a key in
+/// use, two commands: the lease read, then it and the holder's last id written) keeps the same
+/// ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
 local f = 'o:' .. inst
 local clock
-local function renew(cell, leases, id)
+local function renew(cell, id)
   if id == '0' then return 0 end
   if not clock then
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  local v = redis.call('HGET', leases, inst)
+  local v = redis.call('HGET', cell, 'l:' .. inst)
   if not v then return 0 end
   local sep = string.find(v, ':', 1, true)
   local held = tonumber(string.sub(v, sep + 1))
@@ -89,8 +91,7 @@ local function renew(cell, leases, id)
   -- (grants it never saw were rolled back); 'i:' keeps later grants above it
   local new = clock + tonumber(ARGV[2])
   if held >= new then new = held + 1 end
-  redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new))
-  redis.call('HSET', leases, inst, string.sub(v, 1, sep) .. string.format('%d', new))
+  redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new), 'l:' .. inst, string.sub(v, 1, sep) .. string.format('%d', new))
   return new
 end
 local function merge(cell, used, acked, ttl)
@@ -125,15 +126,15 @@ local function merge(cell, used, acked, ttl)
   end
   return tonumber(redis.call('HGET', cell, 'n') or '0')
 end
-local function replay(cell, leases, used, acked, ttl, id, renewing)
+local function replay(cell, used, acked, ttl, id, renewing)
   local n = merge(cell, used, acked, ttl)
-  release(leases, inst, id)
-  return n, renew(cell, leases, renewing)
+  release(cell, inst, id)
+  return n, renew(cell, renewing)
 end
 local out = {}
-for i = 1, #keys / 2 do
+for i = 1, #keys do
   local a = 5 * i - 2 + first
-  local ok, n, renewed = pcall(replay, keys[2 * i - 1], keys[2 * i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+  local ok, n, renewed = pcall(replay, keys[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
   if ok then
     out[2 * i - 1] = n
     out[2 * i] = renewed
@@ -145,8 +146,8 @@ end
 return out
 "#;
 
-/// Where the replay script finds its cells' keys on one Redis: `KEYS`, per cell the cell and
-/// its leases; the per-cell values start after ARGV's two.
+/// Where the replay script finds its cells' keys on one Redis: `KEYS`; the per-cell values
+/// start after ARGV's two.
 const KEYS_DECLARED_LUA: &str = r#"
 local keys, first = KEYS, 0
 "#;
@@ -165,7 +166,7 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// reads both cells and their live leases (dropping expired ones), applies the sliding-window
 /// formula in exact integer arithmetic (doubles are exact below 2^53; the product of a count
 /// and a duration is split so no intermediate exceeds that), and on a pass counts the cost
-/// and records the caller's lease. KEYS: current cell, previous cell, their lease hashes.
+/// and records the caller's lease. KEYS: current cell, previous cell.
 /// ARGV: limit, cost, duration, now, instance, used (current), used (previous), want, how
 /// long a lease is reserved (ms, on Redis's clock), dry (1: never count), current global,
 /// previous global, the id of the lease given back (0: none), this region's published counts
@@ -178,10 +179,11 @@ for i = 1, n do keys[i] = ARGV[3 + i] end
 /// (its reservations in, the current cell's holders' own counts out), lease id, the caller's
 /// lease record it replaced ('' if none), whether the lease covers (1)}.
 ///
-/// Each of the four hashes is read once (`HGETALL`), a pass writes the cell and its leases
-/// with one `HSET` each, and only a hash the call made gets an expiry: a pass on a key seen
-/// less often than a lease lasts, the usual decision for sparse keys, costs Redis 7 commands
-/// (9 on a new key), where reading and writing each field by a command of its own took about 25.
+/// Each cell is read once (`HGETALL`, its leases with it), a pass writes the current cell with
+/// one `HSET` (its count, the caller's lease and lease id), and only a cell the call made gets
+/// an expiry: a pass on a key seen less often than a lease lasts, the usual decision for
+/// sparse keys, costs Redis 4 commands (5 on a new key), where reading and writing each field
+/// by a command of its own took about 25, and the leases in hashes of their own 7 (9).
 const DECIDE_LUA: &str = r#"
 local function divmod(a, d)
   local q = math.floor(a / d)
@@ -199,11 +201,11 @@ local function muldiv(p, l, d)
   local qb = divmod(ra * 65536 + r * l0, d)
   return q * l + qa * 65536 + qb
 end
--- The four hashes (KEYS 1..4), each read once into a table the decision reads and its writes
--- update; `size` counts each one's fields, so the script knows which hashes it made (new, or
+-- The two cells (KEYS 1..2), each read once into a table the decision reads and its writes
+-- update; `size` counts each one's fields, so the script knows which cells it made (new, or
 -- emptied and made again): those, and only those, get an expiry at the end.
-local h, size, made = {}, {0, 0, 0, 0}, {false, false, false, false}
-for i = 1, 4 do
+local h, size, made = {}, {0, 0}, {false, false}
+for i = 1, 2 do
   local all = redis.call('HGETALL', KEYS[i])
   local t = {}
   for j = 1, #all, 2 do t[all[j]] = all[j + 1] end
@@ -239,45 +241,48 @@ local function merge_own(i, used)
     set(i, {'n', string.format('%d', num(i, 'n') + used - held), 'o:' .. inst, string.format('%d', used)})
   end
 end
--- The caller's lease on cell 1 (hash 3), given back or expired, reserves nothing from then on
--- and goes at the end, unless this call grants the next one in its place: then one HSET
--- replaces it (an HDEL first could empty the hash, which would then need its expiry again).
+-- The caller's lease on cell 1 ('l:<instance>'), given back or expired, reserves nothing from
+-- then on and goes at the end, unless this call grants the next one in its place: then the
+-- cell's one HSET replaces it.
 local drop_own = false
 -- give back the caller's lease `id` on cell 1 unless a newer grant replaced it (a lease is
 -- "<ceiling>:<until_ms>", and until_ms is its id)
 local function release(id)
-  if id ~= '0' and names_lease(h[3][inst], id) then drop_own = true end
+  if id ~= '0' and names_lease(h[1]['l:' .. inst], id) then drop_own = true end
 end
 local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local seq = math.floor(now / d)
 local elapsed = now - seq * d
--- CellLedger::reserved_with: what live leases on cell i (leases in hash i + 2) may still
+-- CellLedger::reserved_with: what live leases on cell i (its 'l:<holder>' fields) may still
 -- admit beyond their holders' own counts, the others' and the caller's ceiling (and whether
 -- it covers), and on cell 1 the others' own counts of cell 2 their covering leases cover; a
--- covering lease's record is "<ceiling>c:<until_ms>"; expired ones are dropped
+-- covering lease's record is "<ceiling>c:<until_ms>"; expired ones are dropped (clearing a
+-- field while `pairs` walks the table is allowed)
 local function reserved(i, now)
   local others, ceiling, holders, covered, ccov = 0, 0, 1, 0, false
-  for holder, v in pairs(h[i + 2]) do
-    local sep = string.find(v, ':', 1, true)
-    if i == 1 and holder == inst and drop_own then
-      -- given back: reserves nothing
-    elseif i == 2 and holder == inst and ARGV[19] == '1' then
-      -- CellLedger::retire: the caller left the previous cell, so its count there is final
-      del(4, holder)
-    elseif tonumber(string.sub(v, sep + 1)) <= now then
-      if i == 1 and holder == inst then drop_own = true else del(i + 2, holder) end
-    else
-      local cs = string.sub(v, 1, sep - 1)
-      local cov = string.sub(cs, -1) == 'c'
-      if cov then cs = string.sub(cs, 1, -2) end
-      local c = tonumber(cs)
-      if holder == inst then
-        ceiling, ccov = c, cov
+  for f, v in pairs(h[i]) do
+    if string.sub(f, 1, 2) == 'l:' then
+      local holder, sep = string.sub(f, 3), string.find(v, ':', 1, true)
+      if i == 1 and holder == inst and drop_own then
+        -- given back: reserves nothing
+      elseif i == 2 and holder == inst and ARGV[19] == '1' then
+        -- CellLedger::retire: the caller left the previous cell, so its count there is final
+        del(2, f)
+      elseif tonumber(string.sub(v, sep + 1)) <= now then
+        if i == 1 and holder == inst then drop_own = true else del(i, f) end
       else
-        holders = holders + 1
-        local own = num(i, 'o:' .. holder)
-        if c > own then others = others + (c - own) end
-        if i == 1 and cov then covered = covered + num(2, 'o:' .. holder) end
+        local cs = string.sub(v, 1, sep - 1)
+        local cov = string.sub(cs, -1) == 'c'
+        if cov then cs = string.sub(cs, 1, -2) end
+        local c = tonumber(cs)
+        if holder == inst then
+          ceiling, ccov = c, cov
+        else
+          holders = holders + 1
+          local own = num(i, 'o:' .. holder)
+          if c > own then others = others + (c - own) end
+          if i == 1 and cov then covered = covered + num(2, 'o:' .. holder) end
+        end
       end
     end
   end
@@ -402,10 +407,10 @@ if ok == 1 and ARGV[10] ~= '1' then
     local last = num(1, 'i:' .. inst)
     if last >= lease_id then lease_id = last + 1 end
     fv[#fv + 1], fv[#fv + 2] = 'i:' .. inst, string.format('%d', lease_id)
-    if not drop_own then before = h[3][inst] or '' end
+    if not drop_own then before = h[1]['l:' .. inst] or '' end
     local mark = ''
     if covers then mark = 'c' end
-    set(3, {inst, string.format('%d%s:%d', raised, mark, lease_id)})
+    fv[#fv + 1], fv[#fv + 2] = 'l:' .. inst, string.format('%d%s:%d', raised, mark, lease_id)
     lease_covers = covers and 1 or 0
     drop_own = false
   end
@@ -414,8 +419,8 @@ if ok == 1 and ARGV[10] ~= '1' then
   end
   if #fv > 0 then set(1, fv) end
 end
-if drop_own then del(3, inst) end
-for i = 1, 4 do
+if drop_own then del(1, 'l:' .. inst) end
+for i = 1, 2 do
   if made[i] and size[i] > 0 then redis.call('PEXPIRE', KEYS[i], d * 3) end
 end
 return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, lease_covers}
@@ -466,19 +471,6 @@ pub fn cell_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
     out
 }
 
-/// The Redis key of one cell's live leases (same hash tag).
-pub fn lease_key(key: WindowKeyRef<'_>, sequence: u64) -> String {
-    leases_of(&cell_key(key, sequence))
-}
-
-/// The lease key beside the cell key `cell`.
-fn leases_of(cell: &str) -> String {
-    let mut k = String::with_capacity(cell.len() + 2);
-    k.push_str(cell);
-    k.push_str(":l");
-    k
-}
-
 fn backend(e: redis::RedisError) -> OriginError {
     if e.is_timeout() {
         OriginError::Timeout(Duration::ZERO)
@@ -513,7 +505,7 @@ type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String, u8);
 
 /// Takes back one counted limit of a multi-limit request another limit denied: the cost, and
 /// the lease it granted (the record it replaced comes back), unless a newer grant replaced it.
-/// KEYS: the cell, its leases. ARGV: cost, instance, lease id granted (0: none), the record it
+/// KEYS: the cell. ARGV: cost, instance, lease id granted (0: none), the record it
 /// replaced ('' if none), the call's id (its record of what it counted goes too).
 const ROLLBACK_LUA: &str = r#"
 if tonumber(ARGV[1]) > 0 then redis.call('HINCRBY', KEYS[1], 'n', -tonumber(ARGV[1])) end
@@ -522,8 +514,9 @@ if rec and string.sub(rec, 1, string.find(rec, ':', 1, true) - 1) == ARGV[5] the
   redis.call('HDEL', KEYS[1], 'u:' .. ARGV[2])
 end
 if ARGV[3] == '0' then return 0 end
-if names_lease(redis.call('HGET', KEYS[2], ARGV[2]), ARGV[3]) then
-  if ARGV[4] == '' then redis.call('HDEL', KEYS[2], ARGV[2]) else redis.call('HSET', KEYS[2], ARGV[2], ARGV[4]) end
+local f = 'l:' .. ARGV[2]
+if names_lease(redis.call('HGET', KEYS[1], f), ARGV[3]) then
+  if ARGV[4] == '' then redis.call('HDEL', KEYS[1], f) else redis.call('HSET', KEYS[1], f, ARGV[4]) end
 end
 return 0
 "#;
@@ -601,8 +594,6 @@ impl RedisOrigin {
                 .decide
                 .key(cell_key(l.key, sequence))
                 .key(cell_key(l.key, previous))
-                .key(lease_key(l.key, sequence))
-                .key(lease_key(l.key, previous))
                 .arg(l.limit)
                 .arg(l.cost)
                 .arg(d.as_ms())
@@ -717,8 +708,7 @@ impl RedisOrigin {
             }
             let sequence = l.key.duration().sequence(now_ms);
             let mut i = self.roll_back.key(cell_key(l.key, sequence));
-            i.key(lease_key(l.key, sequence))
-                .arg(l.cost)
+            i.arg(l.cost)
                 .arg(instance)
                 .arg(o.lease_id)
                 .arg(before)
@@ -846,9 +836,9 @@ impl RedisOrigin {
                 .key(&keys[group[0]])
                 .arg(instance)
                 .arg(strata_core::lease::reserved_until(0, lease_ms))
-                .arg(2 * group.len());
+                .arg(group.len());
             for &i in group {
-                invocation.arg(&keys[i]).arg(leases_of(&keys[i]));
+                invocation.arg(&keys[i]);
             }
             for c in &node_cells {
                 for v in replay_values(c) {
@@ -894,15 +884,13 @@ impl RedisOrigin {
         }
     }
 
-    /// The single-node replay of `cells`: `EVAL` of the replay script, per cell its key and
-    /// its leases' key, then the instance, the renewal's reservation, and per cell its values.
+    /// The single-node replay of `cells`: `EVAL` of the replay script, the cells' keys, then
+    /// the instance, the renewal's reservation, and per cell its values.
     fn replay_eval(&self, instance: &str, cells: &[CellUsed<'_>], lease_ms: u64) -> redis::Cmd {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(&*self.replay).arg(2 * cells.len());
+        cmd.arg(&*self.replay).arg(cells.len());
         for c in cells {
-            let cell = cell_key(c.key, c.sequence);
-            let leases = leases_of(&cell);
-            cmd.arg(cell).arg(leases);
+            cmd.arg(cell_key(c.key, c.sequence));
         }
         cmd.arg(instance)
             .arg(strata_core::lease::reserved_until(0, lease_ms));

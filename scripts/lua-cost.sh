@@ -22,13 +22,18 @@ WORK=$(mktemp -d /tmp/strata-lua-cost.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 SRC=regional-gateway/src/origin/redis/mod.rs
 
-# The script as the gateway loads it: LEASE_LUA, then DECIDE_LUA (see RedisOrigin::over).
+# The script as the gateway loads it (see RedisOrigin::over and decide_lua): LEASE_LUA, then
+# DECIDE_LUA, with the core's lease constants of the same revision ($1: its lease.rs) written
+# in.
 extract() {
   python3 -c '
 import re, sys
 src = sys.stdin.read()
 lua = dict(re.findall(r"const (\w+): &str = r#\"(.*?)\"#;", src, re.S))
-sys.stdout.write(lua["LEASE_LUA"] + lua["DECIDE_LUA"])'
+script = lua["LEASE_LUA"] + lua["DECIDE_LUA"]
+for name, value in re.findall(r"pub const (\w+): u64 = ([0-9_]+);", open(sys.argv[1]).read()):
+    script = script.replace(name, value.replace("_", ""))
+sys.stdout.write(script)' "$1"
 }
 
 # instructions per call of script $1, keys from $2 (a redis-benchmark key pattern)
@@ -44,11 +49,18 @@ cost() {
   sha=$(redis-cli -p "$p" script load "$(cat "$script")")
   now=$(date +%s%3N)
   # ARGV: limit 10^9, cost 1, an hour's window, now, caller gw1, nothing used, want 10, a 5 s
-  # lease, counted, no global counts, nothing given back, no floors, nothing undone, call 1.
+  # reservation, counted, no global counts, nothing given back, no floors, nothing undone,
+  # call 1, a 4 s lease, the previous cell not left, a caller that counts its share.
   # Four keys: a script from before the leases moved into the cells reads the last two as
   # their lease hashes; a later one leaves them unread.
-  redis-benchmark -p "$p" -n "$N" -c 1 -r 100000000 -q EVALSHA "$sha" 4 \
-    "$k:1" "$k:0" "$k:1:l" "$k:0:l" 1000000000 1 3600000 "$now" gw1 0 0 10 5000 0 0 0 0 0 0 0 1 >/dev/null
+  local call=(4 "$k:1" "$k:0" "$k:1:l" "$k:0:l" 1000000000 1 3600000 "$now" gw1 0 0 10 5000 0 0 0 0 0 0 0 1 4000 0 1)
+  # One call first, whose answer must not be an error (redis-benchmark only prints those).
+  local first
+  first=$(redis-cli -p "$p" EVALSHA "$sha" "${call[@]//__rand_int__/0}" 2>&1)
+  case "$first" in
+    *ERR*) echo "lua-cost: the script failed: $first" >&2; kill "$vg"; exit 1 ;;
+  esac
+  redis-benchmark -p "$p" -n "$N" -c 1 -r 100000000 -q EVALSHA "$sha" "${call[@]}" >/dev/null
   redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true
   wait "$vg" || true
   local total
@@ -56,16 +68,21 @@ cost() {
   echo $((total / N))
 }
 
-extract <"$SRC" >"$WORK/this.lua"
+LEASE=shared/src/lease.rs
+extract "$LEASE" <"$SRC" >"$WORK/this.lua"
 labels=("this checkout")
 files=("$WORK/this.lua")
 if [ -n "$REV" ]; then
-  git show "$REV:$SRC" | extract >"$WORK/rev.lua"
+  git show "$REV:$LEASE" >"$WORK/rev-lease.rs"
+  git show "$REV:$SRC" | extract "$WORK/rev-lease.rs" >"$WORK/rev.lua"
   labels+=("$REV")
   files+=("$WORK/rev.lua")
 fi
 printf '%-16s %14s %14s\n' "decide script" "new key" "warm key"
 for i in "${!files[@]}"; do
-  printf '%-16s %14s %14s\n' "${labels[$i]}" "$(cost "${files[$i]}" '{k__rand_int__}')" "$(cost "${files[$i]}" '{k}')"
+  # assigned first, so a script that fails stops this one (set -e)
+  fresh=$(cost "${files[$i]}" '{k__rand_int__}')
+  warm=$(cost "${files[$i]}" '{k}')
+  printf '%-16s %14s %14s\n' "${labels[$i]}" "$fresh" "$warm"
 done
 echo "(instructions per call, $N calls each)"

@@ -436,7 +436,7 @@ async fn pass_ahead_and_replay(
 /// A request on a key far from its limit that the process has no answer for passes ahead and
 /// costs Redis its replayed cell alone: three commands where it makes the cell (both counts
 /// added, the expiry set), two on a cell another gateway made; a decision on a cold key costs
-/// seven to nine.
+/// four or five.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_ahead_costs_redis_its_replayed_cell_alone() {
     const KEYS: u64 = 50;

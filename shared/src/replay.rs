@@ -370,12 +370,6 @@ impl QuietPace {
         )
     }
 
-    /// Whether this pass is the turn of the table's slot `slot` for a quiet cell (staggered
-    /// by slot).
-    pub fn is_turn(&self, slot: u32) -> bool {
-        self.turn(self.passes, slot)
-    }
-
     /// Whether this pass is slot `slot`'s turn among one pass in `every` (0: never).
     fn turn(&self, every: u32, slot: u32) -> bool {
         every > 0 && slot.wrapping_add(self.pass) % every == 0
@@ -408,8 +402,9 @@ impl CounterTable {
     /// One of the takes of a replay pass that sends its cells in several batches: up to `max`
     /// cells as [`take_replay`](Self::take_replay) gives them (quiet ones paced by `pace`, if
     /// any, while the table is under three quarters full), walking the table's touched cells
-    /// from `from`, the position the pass's previous take returned (0 for its first). Returns where the next take of the pass goes on, or
-    /// `None` once every touched cell was looked at. A pass so looks at each cell once,
+    /// from `from`, the position the pass's previous take returned (0 for its first). Returns
+    /// where the next take of the pass goes on, or `None` once every touched cell was looked
+    /// at. A pass so looks at each cell once,
     /// however many batches it sends; a cell used again behind that position goes with the
     /// next pass.
     pub fn take_replay_from(

@@ -51,14 +51,15 @@ end
 const RELEASE_LUA: &str = r#"
 local function release(cell, inst, id)
   if id == '0' then return end
-  if names_lease(redis.call('HGET', cell, 'l:' .. inst), id) then
-    redis.call('HDEL', cell, 'l:' .. inst)
+  local f = 'l:' .. inst
+  if names_lease(redis.call('HGET', cell, f), id) then
+    redis.call('HDEL', cell, f)
   end
 end
 "#;
 
-/// A replay batch, one script call for all its cells. KEYS: the cells. ARGV: instance, how long a renewed lease is reserved (ms, on Redis's clock), then
-/// per cell its own cumulative count, the count the caller knows was acknowledged (0:
+/// A replay batch, one script call for all its cells. KEYS: the cells. ARGV: instance, how
+/// long a renewed lease is reserved (ms, on Redis's clock), then per cell its own cumulative count, the count the caller knows was acknowledged (0:
 /// unknown), ttl ms, the id of a lease given back (0: none) and the id of a live lease to
 /// renew (0: none). Returns per cell two values: its count after the merge (or the error text
 /// of a cell that failed alone) and the renewed lease's new id (0: not renewed).
@@ -74,7 +75,7 @@ end
 /// ceiling under a new id, like a grant's.
 const REPLAY_LUA: &str = r#"
 local inst = ARGV[1]
-local f = 'o:' .. inst
+local f, own_lease = 'o:' .. inst, 'l:' .. inst
 local clock
 local function renew(cell, id)
   if id == '0' then return 0 end
@@ -82,7 +83,7 @@ local function renew(cell, id)
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  local v = redis.call('HGET', cell, 'l:' .. inst)
+  local v = redis.call('HGET', cell, own_lease)
   if not v then return 0 end
   local sep = string.find(v, ':', 1, true)
   local held = tonumber(string.sub(v, sep + 1))
@@ -91,7 +92,8 @@ local function renew(cell, id)
   -- (grants it never saw were rolled back); 'i:' keeps later grants above it
   local new = clock + tonumber(ARGV[2])
   if held >= new then new = held + 1 end
-  redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new), 'l:' .. inst, string.sub(v, 1, sep) .. string.format('%d', new))
+  redis.call('HSET', cell, 'i:' .. inst, string.format('%d', new),
+    own_lease, string.sub(v, 1, sep) .. string.format('%d', new))
   return new
 end
 local function merge(cell, used, acked, ttl)
@@ -233,6 +235,8 @@ local function del(i, f)
   size[i] = size[i] - 1
 end
 local inst = ARGV[5]
+-- the caller's lease field in a cell
+local own_lease = 'l:' .. inst
 -- merge the caller's cumulative own count into cell i with max
 local function merge_own(i, used)
   if used <= 0 then return end
@@ -248,7 +252,7 @@ local drop_own = false
 -- give back the caller's lease `id` on cell 1 unless a newer grant replaced it (a lease is
 -- "<ceiling>:<until_ms>", and until_ms is its id)
 local function release(id)
-  if id ~= '0' and names_lease(h[1]['l:' .. inst], id) then drop_own = true end
+  if id ~= '0' and names_lease(h[1][own_lease], id) then drop_own = true end
 end
 local limit, cost, d, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local seq = math.floor(now / d)
@@ -407,10 +411,10 @@ if ok == 1 and ARGV[10] ~= '1' then
     local last = num(1, 'i:' .. inst)
     if last >= lease_id then lease_id = last + 1 end
     fv[#fv + 1], fv[#fv + 2] = 'i:' .. inst, string.format('%d', lease_id)
-    if not drop_own then before = h[1]['l:' .. inst] or '' end
+    if not drop_own then before = h[1][own_lease] or '' end
     local mark = ''
     if covers then mark = 'c' end
-    fv[#fv + 1], fv[#fv + 2] = 'l:' .. inst, string.format('%d%s:%d', raised, mark, lease_id)
+    fv[#fv + 1], fv[#fv + 2] = own_lease, string.format('%d%s:%d', raised, mark, lease_id)
     lease_covers = covers and 1 or 0
     drop_own = false
   end
@@ -419,7 +423,7 @@ if ok == 1 and ARGV[10] ~= '1' then
   end
   if #fv > 0 then set(1, fv) end
 end
-if drop_own then del(1, 'l:' .. inst) end
+if drop_own then del(1, own_lease) end
 for i = 1, 2 do
   if made[i] and size[i] > 0 then redis.call('PEXPIRE', KEYS[i], d * 3) end
 end

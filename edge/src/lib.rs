@@ -15,11 +15,11 @@
 
 mod view;
 
-use strata_core::WindowDuration;
 use strata_core::driver::{Decided, Driver, DriverConfig, Started, TableStore};
 use strata_core::gate::{Gate, Subject};
 use strata_core::identity::identifier_for;
 use strata_core::memory::MemoryReport;
+use strata_core::{Reason, WindowDuration};
 use wasm_bindgen::prelude::*;
 
 pub use view::JsRequest;
@@ -424,6 +424,10 @@ impl Edge {
                 "ahead": s.decided_ahead,
             },
             "origin_calls": s.origin_calls,
+            "origin_reasons": Reason::ALL
+                .iter()
+                .map(|r| (r.as_str().to_owned(), s.origin_reason(*r).into()))
+                .collect::<serde_json::Map<_, _>>(),
             "origin_failures": s.origin_failures,
             "coalesced": s.coalesced,
             "replays": s.replays,

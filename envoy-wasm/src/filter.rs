@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use strata_core::Reason;
 use strata_core::driver::{Decided, Driver, DriverConfig, DriverStats, Started, Transmit};
 use strata_core::memory::MemoryReport;
 use strata_core::rules::{ListRequest, Reads, host_of, path_of};
@@ -133,7 +134,7 @@ pub fn apply(host: &impl Host, settled: Vec<Settle>, current: u32) {
 type Stat<T> = (Metric, fn(&T) -> u64);
 
 /// Each host counter the driver's counts feed, and how it reads them.
-const DRIVER_STATS: [Stat<DriverStats>; 14] = [
+const DRIVER_STATS: [Stat<DriverStats>; 18] = [
     (Metric::Ok, |s| s.ok),
     (Metric::RateLimited, |s| s.enforced.saturating_add(s.shadow)),
     (Metric::Enforced, |s| s.enforced),
@@ -143,6 +144,10 @@ const DRIVER_STATS: [Stat<DriverStats>; 14] = [
     (Metric::DecidedFallback, |s| s.decided_fallback),
     (Metric::DecidedAhead, |s| s.decided_ahead),
     (Metric::OriginCalls, |s| s.origin_calls),
+    (Metric::ReasonCold, |s| s.origin_reason(Reason::Cold)),
+    (Metric::ReasonStale, |s| s.origin_reason(Reason::Stale)),
+    (Metric::ReasonStrict, |s| s.origin_reason(Reason::Strict)),
+    (Metric::ReasonLease, |s| s.origin_reason(Reason::Lease)),
     (Metric::OriginFailures, |s| s.origin_failures),
     (Metric::Coalesced, |s| s.coalesced),
     (Metric::Replays, |s| s.replays),

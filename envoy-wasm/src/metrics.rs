@@ -27,6 +27,15 @@ pub enum Metric {
     DecidedAhead,
     /// Decision calls sent to the gateway.
     OriginCalls,
+    /// Decision calls sent because the key was cold to the VM (no answer in its window).
+    ReasonCold,
+    /// Decision calls sent because the key's lease had expired.
+    ReasonStale,
+    /// Decision calls sent because a recent denial keeps passes beyond the lease at the
+    /// gateway.
+    ReasonStrict,
+    /// Decision calls sent because the lease left did not cover the request.
+    ReasonLease,
     /// Decision calls that failed (refused, error status, timeout).
     OriginFailures,
     /// Requests that waited for a call another request on the same key had in flight.
@@ -59,7 +68,7 @@ const GAUGES: [Metric; 4] = [
     Metric::MemoryBytes,
 ];
 
-const ALL: [(Metric, &str); 20] = [
+const ALL: [(Metric, &str); 24] = [
     (Metric::Ok, "ok"),
     (Metric::RateLimited, "rate_limited"),
     (Metric::Enforced, "enforced"),
@@ -69,6 +78,10 @@ const ALL: [(Metric, &str); 20] = [
     (Metric::DecidedFallback, "decided.fallback"),
     (Metric::DecidedAhead, "decided.ahead"),
     (Metric::OriginCalls, "origin.calls"),
+    (Metric::ReasonCold, "origin.reason.cold"),
+    (Metric::ReasonStale, "origin.reason.stale"),
+    (Metric::ReasonStrict, "origin.reason.strict"),
+    (Metric::ReasonLease, "origin.reason.lease"),
     (Metric::OriginFailures, "origin.failures"),
     (Metric::Coalesced, "origin.coalesced"),
     (Metric::Replays, "replay.ok"),

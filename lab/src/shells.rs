@@ -76,10 +76,13 @@ impl Front {
         }
     }
 
-    /// How many requests the shell decided by each path of `sources` (`local`, `origin`, ...):
-    /// the edge's `/__strata/stats`, Envoy's `strata.decided.*` stats (summed over its VMs).
-    /// Zero where the shell does not answer.
-    pub async fn decided(&self, http: &reqwest::Client, sources: &[&str]) -> Vec<f64> {
+    /// The shell's counts of `names` in `group`: the edge's `/__strata/stats` object, Envoy's
+    /// `strata.<group>.*` stats (summed over its VMs). Zero where the shell does not answer.
+    pub async fn counts(&self, http: &reqwest::Client, group: Counts, names: &[&str]) -> Vec<f64> {
+        let (object, prefix) = match group {
+            Counts::Decided => ("decided", "decided"),
+            Counts::Reasons => ("origin_reasons", "origin.reason"),
+        };
         match self {
             Front::Edge(w) => {
                 let stats = async {
@@ -88,20 +91,20 @@ impl Front {
                 }
                 .await
                 .unwrap_or_default();
-                sources
+                names
                     .iter()
-                    .map(|s| stats["decided"][*s].as_f64().unwrap_or(0.0))
+                    .map(|s| stats[object][*s].as_f64().unwrap_or(0.0))
                     .collect()
             }
             Front::Envoy(e) => {
-                let url = format!("{}/stats?filter=strata.decided", e.admin);
+                let url = format!("{}/stats?filter=strata.{prefix}", e.admin);
                 let text = async { http.get(url).send().await.ok()?.text().await.ok() }
                     .await
                     .unwrap_or_default();
-                sources
+                names
                     .iter()
                     .map(|s| {
-                        let name = format!("wasmcustom.strata.decided.{s}: ");
+                        let name = format!("wasmcustom.strata.{prefix}.{s}: ");
                         text.lines()
                             .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
                             .unwrap_or(0.0)
@@ -110,6 +113,15 @@ impl Front {
             }
         }
     }
+}
+
+/// Which of a shell's counts [`Front::counts`] reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Counts {
+    /// Requests by the path that decided them.
+    Decided,
+    /// Decision calls by why they were sent.
+    Reasons,
 }
 
 /// How long a shell waits for its gateway (`STRATA_TIMEOUT_MS`, `timeout_ms`), far above the

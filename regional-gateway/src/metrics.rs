@@ -45,7 +45,11 @@ const RESULTS: [&str; 5] = ["ok", "timeout", "circuit_open", "backend", "rejecte
 const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-const REASONS: [&str; 4] = ["cold", "stale", "strict", "lease"];
+/// The `reason` labels, in [`strata_core::Reason::index`] order.
+const REASONS: [&str; 4] = {
+    let r = strata_core::Reason::ALL;
+    [r[0].as_str(), r[1].as_str(), r[2].as_str(), r[3].as_str()]
+};
 const RLS_RESULTS: [&str; 3] = ["ok", "over_limit", "refused"];
 /// Upper bounds of the lease size histogram, in cost units.
 const LEASE_BUCKETS: [f64; 10] = [
@@ -356,7 +360,7 @@ impl Metrics {
 
     /// A decision that went to the origin, and why.
     pub fn origin_reason(&self, reason: strata_core::Reason) {
-        self.origin_reasons[reason_index(reason)].inc();
+        self.origin_reasons[reason.index()].inc();
     }
 
     /// A lease this gateway's origin granted (to itself or an edge).
@@ -368,7 +372,7 @@ impl Metrics {
 
     /// Requests sent to the origin for `reason` so far.
     pub fn origin_reasons(&self, reason: strata_core::Reason) -> u64 {
-        self.origin_reasons[reason_index(reason)].get()
+        self.origin_reasons[reason.index()].get()
     }
 
     /// Cells delivered to the origin by replay.
@@ -406,15 +410,6 @@ impl Metrics {
         if let Some(c) = self.rls_calls.get(i) {
             c.inc();
         }
-    }
-}
-
-const fn reason_index(reason: strata_core::Reason) -> usize {
-    match reason {
-        strata_core::Reason::Cold => 0,
-        strata_core::Reason::Stale => 1,
-        strata_core::Reason::Strict => 2,
-        strata_core::Reason::Lease => 3,
     }
 }
 

@@ -115,6 +115,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in the order of [`index`](Self::index).
+    pub const ALL: [Reason; 4] = [Reason::Cold, Reason::Stale, Reason::Strict, Reason::Lease];
+
+    /// This reason's place in [`ALL`](Self::ALL): an array of counts by reason is indexed so.
+    pub const fn index(self) -> usize {
+        match self {
+            Reason::Cold => 0,
+            Reason::Stale => 1,
+            Reason::Strict => 2,
+            Reason::Lease => 3,
+        }
+    }
+
     /// Label for logs and metrics.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -17,7 +17,7 @@ use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, RenewedLease,
     ReplayPace, ReplayRequest,
 };
-use strata_core::{Counts, FailureMode, PublishPolicy};
+use strata_core::{Counts, FailureMode, PublishPolicy, Reason};
 
 const T0: u64 = 28_333_334 * 60_000; // a minute boundary
 const TIMEOUT: u64 = 250;
@@ -151,6 +151,49 @@ fn eight_concurrent_requests_on_a_cold_key_make_one_call() {
     );
     assert!(transmits(&mut d).iter().all(|t| t.path != DECIDE_PATH));
     assert_eq!(d.waiting(), 0);
+}
+
+/// Each decision call is counted once by why it was sent (the shells' `origin.reason.*`,
+/// as the gateway's `strata_origin_reasons_total`): a cold key, a lease used up, a lease
+/// expired; requests that join a call add nothing.
+#[test]
+fn decision_calls_are_counted_by_why_they_were_sent() {
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
+    let reasons = |d: &Driver| Reason::ALL.map(|r| d.stats().origin_reason(r));
+    for id in 0..3 {
+        d.request(&mut store, id, &user("a"), T0).unwrap();
+    }
+    let sent = transmits(&mut d);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(reasons(&d), [1, 0, 0, 0], "one cold call, two joined it");
+    grant(&mut d, &mut store, &sent[0], 4, T0 + 1);
+    // Requests until the lease is used up and one needs the gateway again.
+    let mut id = 3;
+    let sent = loop {
+        d.request(&mut store, id, &user("a"), T0 + 10).unwrap();
+        id += 1;
+        let sent = transmits(&mut d);
+        if let Some(t) = sent.into_iter().find(|t| t.path == DECIDE_PATH) {
+            break t;
+        }
+        assert!(id < 20, "the lease of 4 was used up");
+    };
+    assert_eq!(reasons(&d), [1, 0, 0, 1], "then one for the lease used up");
+    // A newer lease (id 2), with room left under it.
+    let mut answer: serde_json::Value = serde_json::from_str(&granted(&sent, 40, T0 + 11)).unwrap();
+    answer["results"][0]["lease_id"] = json!(2);
+    d.answer(
+        &mut store,
+        sent.call,
+        200,
+        answer.to_string().as_bytes(),
+        T0 + 11,
+    );
+    // After its 5 s lifetime.
+    d.request(&mut store, id, &user("a"), T0 + 6_000).unwrap();
+    assert!(transmits(&mut d).iter().any(|t| t.path == DECIDE_PATH));
+    assert_eq!(reasons(&d), [1, 1, 0, 1], "then one for the lease expired");
+    assert_eq!(d.stats().origin_calls, 3);
 }
 
 /// The replay transmits due at `now`, answered as [`replayed`]; returns their events.

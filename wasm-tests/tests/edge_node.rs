@@ -149,6 +149,7 @@ fn concurrent_requests_on_a_cold_key_wait_for_one_call() {
     assert!(replies.iter().all(|r| r.allowed));
     let stats: Value = serde_json::from_str(&e.stats()).unwrap();
     assert_eq!(stats["origin_calls"], 2);
+    assert_eq!(stats["origin_reasons"]["cold"], 2, "{stats}");
     assert_eq!(stats["coalesced"], 14);
 }
 

@@ -87,6 +87,15 @@ async fn the_limit_holds_across_worker_threads_reaches_redis_and_a_second_envoy(
     assert_eq!(e.stat(&s.http, "strata.ok").await, 10);
     assert_eq!(e.stat(&s.http, "strata.enforced").await, 5);
     assert!(e.stat(&s.http, "strata.decided.origin").await >= 1);
+    // Every decision call is counted once by why it was sent, the cold key's first.
+    let mut reasons = 0;
+    for reason in ["cold", "stale", "strict", "lease"] {
+        reasons += e
+            .stat(&s.http, &format!("strata.origin.reason.{reason}"))
+            .await;
+    }
+    assert_eq!(reasons, e.stat(&s.http, "strata.origin.calls").await);
+    assert!(e.stat(&s.http, "strata.origin.reason.cold").await >= 1);
     assert_eq!(
         s.settles_at("e2e", "key=alice", 10).await,
         10,

@@ -631,5 +631,10 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
         stats["decided"]["origin"], 1,
         "no request after the first waited for the gateway: {stats}"
     );
+    assert_eq!(
+        stats["origin_reasons"],
+        json!({"cold": 1, "stale": 0, "strict": 0, "lease": 0}),
+        "its one call was the cold key's, none for a lease that ran out or expired: {stats}"
+    );
     assert_renewed(&s).await;
 }

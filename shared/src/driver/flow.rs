@@ -139,6 +139,9 @@ pub struct Log {
 pub struct FlowStats {
     /// Decision calls sent.
     pub origin_calls: u64,
+    /// Decision calls sent, by why their first limit needed the gateway
+    /// ([`Reason::index`](crate::policy::Reason::index)).
+    pub origin_reasons: [u64; 4],
     /// Decision calls that failed (refused, error status, nonsense, timeout).
     pub origin_failures: u64,
     /// Groups that waited for another group's call instead of sending one.
@@ -372,6 +375,9 @@ impl Flow {
             self.in_flight.insert(hash, call_id);
         }
         let call = Arc::new(call);
+        if let Some(n) = self.stats.origin_reasons.get_mut(call.reason().index()) {
+            *n += 1;
+        }
         self.dispatches.push_back(Dispatch {
             call: call_id,
             home,

@@ -164,6 +164,9 @@ pub struct DriverStats {
     pub shadow: u64,
     /// Decision calls sent.
     pub origin_calls: u64,
+    /// Decision calls sent, by why their first limit needed the gateway
+    /// ([`Reason::index`](crate::policy::Reason::index)).
+    pub origin_reasons: [u64; 4],
     /// Decision calls that failed (refused, error status, nonsense, timeout).
     pub origin_failures: u64,
     /// Request groups that waited for another request's call instead of sending one.
@@ -174,6 +177,16 @@ pub struct DriverStats {
     pub replay_failures: u64,
     /// Requests a `remote_address` rule left out for want of a trusted client address.
     pub unaddressed: u64,
+}
+
+impl DriverStats {
+    /// Decision calls sent for `reason`.
+    pub fn origin_reason(&self, reason: crate::policy::Reason) -> u64 {
+        self.origin_reasons
+            .get(reason.index())
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 /// A request group's progress.
@@ -254,6 +267,7 @@ impl Driver {
         let f = self.flow.stats();
         DriverStats {
             origin_calls: f.origin_calls,
+            origin_reasons: f.origin_reasons,
             origin_failures: f.origin_failures,
             coalesced: f.coalesced,
             replays: f.replays,

@@ -353,7 +353,7 @@ impl Vm {
     /// After an event: dispatches the calls the driver wants, from the root context (a
     /// stream's callback leaves them and wakes it; a wake-up that cannot be sent leaves them
     /// for the tick), collects its decisions, logs its lines and brings the host's counters up
-    /// to its own.
+    /// to its own (a warm pass's wait for the root's events: [`Self::flush_metrics`]).
     fn after(&mut self, host: &impl Host, now: u64, root: bool) {
         self.deferred
             .extend(std::iter::from_fn(|| self.driver.poll_transmit()));
@@ -379,7 +379,7 @@ impl Vm {
         while let Some(line) = self.driver.poll_log() {
             host.log(line.warn, &format!("strata: {}", line.message));
         }
-        self.flush_metrics(host);
+        self.flush_metrics(host, root);
     }
 
     /// Sends one call (one the host refuses is a failure the driver decides at once).
@@ -423,9 +423,22 @@ impl Vm {
         }
     }
 
-    /// Adds to each host counter what the driver counted since the last flush.
-    fn flush_metrics(&mut self, host: &impl Host) {
+    /// Adds to each host counter what the driver counted since the last flush. A warm pass
+    /// changes only `ok` and `decided.local` (and `requests`, which no host counter shows):
+    /// two host calls of its eight, so outside the root context's events (its tick, every half
+    /// of the smaller of `timeout_ms` and `replay_interval_ms`; a call's answer) they wait,
+    /// and anything else (a denial, a call, a fallback) goes out at once with them.
+    fn flush_metrics(&mut self, host: &impl Host, root: bool) {
         let now = self.driver.stats();
+        let warm_passes_only = DriverStats {
+            requests: self.flushed.requests,
+            ok: self.flushed.ok,
+            decided_local: self.flushed.decided_local,
+            ..now
+        } == self.flushed;
+        if !root && warm_passes_only {
+            return;
+        }
         let was = std::mem::replace(&mut self.flushed, now);
         add_changes(&self.metrics, host, &was, &now, &DRIVER_STATS);
     }

@@ -77,7 +77,8 @@ impl Front {
     }
 
     /// The shell's counts of `names` in `group`: the edge's `/__strata/stats` object, Envoy's
-    /// `strata.<group>.*` stats (summed over its VMs). Zero where the shell does not answer.
+    /// `strata.<group>.*` stats (summed over its VMs, once settled). Zero where the shell does
+    /// not answer.
     pub async fn counts(&self, http: &reqwest::Client, group: Counts, names: &[&str]) -> Vec<f64> {
         let (object, prefix) = match group {
             Counts::Decided => ("decided", "decided"),
@@ -97,17 +98,16 @@ impl Front {
                     .collect()
             }
             Front::Envoy(e) => {
-                let url = format!("{}/stats?filter=strata.{prefix}", e.admin);
-                let text = async { http.get(url).send().await.ok()?.text().await.ok() }
-                    .await
-                    .unwrap_or_default();
+                // Its VMs bring the stats up to date on their ticks: read them settled.
+                let stats = e.filter_stats(http).await;
                 names
                     .iter()
                     .map(|s| {
-                        let name = format!("wasmcustom.strata.{prefix}.{s}: ");
-                        text.lines()
-                            .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
-                            .unwrap_or(0.0)
+                        let name = format!("wasmcustom.strata.{prefix}.{s}");
+                        stats
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .map_or(0.0, |(_, v)| *v as f64)
                     })
                     .collect()
             }

@@ -387,10 +387,32 @@ impl Envoy {
             .collect()
     }
 
-    /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy.
+    /// The filter's stats (`wasmcustom.*`) once they settle: each VM brings Envoy's counters
+    /// up to its own on its tick (every half of the smaller of `timeout_ms` and
+    /// `replay_interval_ms`, at most 250 ms in these tests), so this reads until two reads
+    /// further apart than a tick agree; a read after the traffic's last tick is final.
+    pub async fn filter_stats(&self, http: &reqwest::Client) -> Vec<(String, u64)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = self.stats(http, "wasmcustom").await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let now = self.stats(http, "wasmcustom").await;
+            assert!(
+                now == last || Instant::now() < deadline,
+                "the filter's stats never settled: {now:?}"
+            );
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy, once
+    /// settled ([`filter_stats`](Self::filter_stats)).
     pub async fn stat(&self, http: &reqwest::Client, name: &str) -> u64 {
         let key = format!("wasmcustom.{name}");
-        let stats = self.stats(http, "wasmcustom").await;
+        let stats = self.filter_stats(http).await;
         stats
             .iter()
             .find(|(n, _)| *n == key)

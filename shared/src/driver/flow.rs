@@ -17,6 +17,7 @@ use foldhash::quality::FixedState;
 use super::store::{Home, Store};
 use crate::decision::MultiDecision;
 use crate::limit::LimitRequest;
+use crate::policy::Reason;
 use crate::replay::{QuietPace, ReplayBatch};
 use crate::request::{Begin, OriginCall};
 use crate::wire::{self, CellsResponse, DecideResponse};
@@ -139,9 +140,8 @@ pub struct Log {
 pub struct FlowStats {
     /// Decision calls sent.
     pub origin_calls: u64,
-    /// Decision calls sent, by why their first limit needed the gateway
-    /// ([`Reason::index`](crate::policy::Reason::index)).
-    pub origin_reasons: [u64; 4],
+    /// Decision calls sent, by why their first limit needed the gateway ([`Reason::index`]).
+    pub origin_reasons: [u64; Reason::ALL.len()],
     /// Decision calls that failed (refused, error status, nonsense, timeout).
     pub origin_failures: u64,
     /// Groups that waited for another group's call instead of sending one.

@@ -51,6 +51,7 @@ pub use store::{Home, Store, TableStore, refused};
 
 use crate::decision::{Decision, MultiDecision};
 use crate::gate::{ENFORCED, Gate, Pending, Reply, SHADOW, Subject};
+use crate::policy::Reason;
 use crate::rules::{RequestError, RequestView};
 use crate::wire::{CellsResponse, DecideResponse};
 
@@ -164,9 +165,8 @@ pub struct DriverStats {
     pub shadow: u64,
     /// Decision calls sent.
     pub origin_calls: u64,
-    /// Decision calls sent, by why their first limit needed the gateway
-    /// ([`Reason::index`](crate::policy::Reason::index)).
-    pub origin_reasons: [u64; 4],
+    /// Decision calls sent, by why their first limit needed the gateway ([`Reason::index`]).
+    pub origin_reasons: [u64; Reason::ALL.len()],
     /// Decision calls that failed (refused, error status, nonsense, timeout).
     pub origin_failures: u64,
     /// Request groups that waited for another request's call instead of sending one.
@@ -181,7 +181,7 @@ pub struct DriverStats {
 
 impl DriverStats {
     /// Decision calls sent for `reason`.
-    pub fn origin_reason(&self, reason: crate::policy::Reason) -> u64 {
+    pub fn origin_reason(&self, reason: Reason) -> u64 {
         self.origin_reasons
             .get(reason.index())
             .copied()

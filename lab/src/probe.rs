@@ -37,11 +37,8 @@ pub struct Reading {
 /// The paths a gateway's decision is made by (`strata_decisions_total`'s `source`).
 pub const SOURCES: [&str; 4] = ["local", "origin", "ahead", "fallback"];
 /// Why a gateway or a shell sent a request to the origin (`strata_origin_reasons_total`'s
-/// `reason`, the shells' `origin.reason.*`), in [`strata_core::Reason::index`] order.
-pub const REASONS: [&str; 4] = {
-    let r = strata_core::Reason::ALL;
-    [r[0].as_str(), r[1].as_str(), r[2].as_str(), r[3].as_str()]
-};
+/// `reason`, the shells' `origin.reason.*`).
+pub const REASONS: [&str; 4] = strata_core::Reason::LABELS;
 /// The kinds of origin call (`strata_origin_calls_total`'s `op`).
 pub const CALL_KINDS: [&str; 3] = ["decide", "replay", "read"];
 
@@ -157,11 +154,12 @@ pub async fn read(stack: &Stack, http: &reqwest::Client) -> Reading {
         // Requests a shell decided, and the calls it sent, never reach the gateway's own
         // decision counts.
         if let Some(front) = &g.front {
-            let decided = front.counts(http, Counts::Decided, &SOURCES).await;
+            let counters = front.counters(http).await;
+            let decided = counters.of(Counts::Decided, &SOURCES);
             for (sum, n) in reading.decided_by.iter_mut().zip(decided) {
                 *sum += n;
             }
-            let asked = front.counts(http, Counts::Reasons, &REASONS).await;
+            let asked = counters.of(Counts::Reasons, &REASONS);
             for (sum, n) in reading.asked_for.iter_mut().zip(asked) {
                 *sum += n;
             }

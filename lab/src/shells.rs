@@ -20,7 +20,7 @@ use crate::scenario::Scenario;
 )]
 mod launchers;
 
-pub use launchers::envoy::Envoy;
+pub use launchers::envoy::{Envoy, FilterStats};
 pub use launchers::upstream::Upstream;
 pub use launchers::workerd::Workerd;
 
@@ -76,46 +76,53 @@ impl Front {
         }
     }
 
-    /// The shell's counts of `names` in `group`: the edge's `/__strata/stats` object, Envoy's
-    /// `strata.<group>.*` stats (summed over its VMs, once settled). Zero where the shell does
-    /// not answer.
-    pub async fn counts(&self, http: &reqwest::Client, group: Counts, names: &[&str]) -> Vec<f64> {
-        let (object, prefix) = match group {
-            Counts::Decided => ("decided", "decided"),
-            Counts::Reasons => ("origin_reasons", "origin.reason"),
-        };
+    /// The shell's counters, read once: the edge's `/__strata/stats`, Envoy's filter stats
+    /// (summed over its VMs, once settled: its VMs bring them up to date on their ticks).
+    /// Empty where the shell does not answer.
+    pub async fn counters(&self, http: &reqwest::Client) -> Counters {
         match self {
-            Front::Edge(w) => {
-                let stats = async {
+            Front::Edge(w) => Counters::Edge(
+                async {
                     let r = http.get(format!("{}/__strata/stats", w.base)).send().await;
                     r.ok()?.json::<serde_json::Value>().await.ok()
                 }
                 .await
-                .unwrap_or_default();
-                names
-                    .iter()
-                    .map(|s| stats[object][*s].as_f64().unwrap_or(0.0))
-                    .collect()
-            }
-            Front::Envoy(e) => {
-                // Its VMs bring the stats up to date on their ticks: read them settled.
-                let stats = e.filter_stats(http).await;
-                names
-                    .iter()
-                    .map(|s| {
-                        let name = format!("wasmcustom.strata.{prefix}.{s}");
-                        stats
-                            .iter()
-                            .find(|(n, _)| *n == name)
-                            .map_or(0.0, |(_, v)| *v as f64)
-                    })
-                    .collect()
-            }
+                .unwrap_or_default(),
+            ),
+            Front::Envoy(e) => Counters::Envoy(e.filter_stats(http).await),
         }
     }
 }
 
-/// Which of a shell's counts [`Front::counts`] reads.
+/// A shell's counters as [`Front::counters`] read them.
+#[derive(Debug)]
+pub enum Counters {
+    /// The edge's stats object.
+    Edge(serde_json::Value),
+    /// Envoy's `wasmcustom.*` stats.
+    Envoy(FilterStats),
+}
+
+impl Counters {
+    /// The counts of `names` in `group` (zero where absent).
+    pub fn of(&self, group: Counts, names: &[&str]) -> Vec<f64> {
+        let (object, prefix) = match group {
+            Counts::Decided => ("decided", "decided"),
+            Counts::Reasons => ("origin_reasons", "origin.reason"),
+        };
+        names
+            .iter()
+            .map(|s| match self {
+                Counters::Edge(stats) => stats[object][*s].as_f64().unwrap_or(0.0),
+                Counters::Envoy(stats) => stats
+                    .find(&format!("wasmcustom.strata.{prefix}.{s}"))
+                    .map_or(0.0, |v| v as f64),
+            })
+            .collect()
+    }
+}
+
+/// Which of a shell's counts [`Counters::of`] reads.
 #[derive(Clone, Copy, Debug)]
 pub enum Counts {
     /// Requests by the path that decided them.

@@ -45,11 +45,6 @@ const RESULTS: [&str; 5] = ["ok", "timeout", "circuit_open", "backend", "rejecte
 const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-/// The `reason` labels, in [`strata_core::Reason::index`] order.
-const REASONS: [&str; 4] = {
-    let r = strata_core::Reason::ALL;
-    [r[0].as_str(), r[1].as_str(), r[2].as_str(), r[3].as_str()]
-};
 const RLS_RESULTS: [&str; 3] = ["ok", "over_limit", "refused"];
 /// Upper bounds of the lease size histogram, in cost units.
 const LEASE_BUCKETS: [f64; 10] = [
@@ -121,7 +116,7 @@ pub struct Metrics {
     decision_family: Family<DecisionLabels, Counter>,
     decisions: [[Counter; 2]; SOURCES.len()],
     reason_family: Family<ReasonLabels, Counter>,
-    origin_reasons: [Counter; REASONS.len()],
+    origin_reasons: [Counter; strata_core::Reason::LABELS.len()],
     call_family: Family<CallLabels, Counter>,
     origin_calls: [[Counter; RESULTS.len()]; OPS.len()],
     latency_family: Family<OpLabels, Histogram, fn() -> Histogram>,
@@ -165,7 +160,7 @@ impl Default for Metrics {
         let reason_family = Family::default();
         let origin_reasons = series(
             &reason_family,
-            REASONS.map(|reason| ReasonLabels { reason }),
+            strata_core::Reason::LABELS.map(|reason| ReasonLabels { reason }),
         );
         let call_family = Family::default();
         let origin_calls = OPS.map(|op| {

@@ -118,6 +118,15 @@ impl Reason {
     /// Every reason, in the order of [`index`](Self::index).
     pub const ALL: [Reason; 4] = [Reason::Cold, Reason::Stale, Reason::Strict, Reason::Lease];
 
+    /// Their labels ([`as_str`](Self::as_str)), in the same order: the gateway's metric labels,
+    /// the shells' stat names and the lab's columns.
+    pub const LABELS: [&'static str; 4] = [
+        Self::ALL[0].as_str(),
+        Self::ALL[1].as_str(),
+        Self::ALL[2].as_str(),
+        Self::ALL[3].as_str(),
+    ];
+
     /// This reason's place in [`ALL`](Self::ALL): an array of counts by reason is indexed so.
     pub const fn index(self) -> usize {
         match self {

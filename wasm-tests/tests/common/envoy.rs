@@ -390,8 +390,9 @@ impl Envoy {
     /// The filter's stats (`wasmcustom.*`) once they settle: each VM brings Envoy's counters
     /// up to its own on its tick (every half of the smaller of `timeout_ms` and
     /// `replay_interval_ms`, at most 250 ms in these tests), so this reads until two reads
-    /// further apart than a tick agree; a read after the traffic's last tick is final.
-    pub async fn filter_stats(&self, http: &reqwest::Client) -> Vec<(String, u64)> {
+    /// further apart than a tick agree; a read after the traffic's last tick is final. Read
+    /// once for several counters: each read waits.
+    pub async fn filter_stats(&self, http: &reqwest::Client) -> FilterStats {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut last = self.stats(http, "wasmcustom").await;
         loop {
@@ -402,7 +403,7 @@ impl Envoy {
                 "the filter's stats never settled: {now:?}"
             );
             if now == last {
-                return now;
+                return FilterStats(now);
             }
             last = now;
         }
@@ -411,13 +412,25 @@ impl Envoy {
     /// The filter's counter `<prefix>.<name>` from `/stats`, summed over VMs by Envoy, once
     /// settled ([`filter_stats`](Self::filter_stats)).
     pub async fn stat(&self, http: &reqwest::Client, name: &str) -> u64 {
+        self.filter_stats(http).await.get(name)
+    }
+}
+
+/// The filter's stats as one settled read gives them ([`Envoy::filter_stats`]).
+#[derive(Debug)]
+pub struct FilterStats(Vec<(String, u64)>);
+
+impl FilterStats {
+    /// The value of the stat named `full_name` (`wasmcustom.<prefix>.<name>`), if Envoy shows it.
+    pub fn find(&self, full_name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| n == full_name).map(|(_, v)| *v)
+    }
+
+    /// The filter's counter `<prefix>.<name>`; a counter Envoy does not show fails the test.
+    pub fn get(&self, name: &str) -> u64 {
         let key = format!("wasmcustom.{name}");
-        let stats = self.filter_stats(http).await;
-        stats
-            .iter()
-            .find(|(n, _)| *n == key)
-            .map(|(_, v)| *v)
-            .unwrap_or_else(|| panic!("no {key} in /stats: {stats:?}"))
+        self.find(&key)
+            .unwrap_or_else(|| panic!("no {key} in /stats: {:?}", self.0))
     }
 }
 

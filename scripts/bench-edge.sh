@@ -14,6 +14,11 @@
 #   ROUNDS=5 DURATION=10 KEYS=100000 scripts/bench-edge.sh
 #   EDGE_VARS="STRATA_FAILURE_MODE=deny" scripts/bench-edge.sh   # more settings for the edges
 #   BASELINE_VARS="STRATA_FAILURE_MODE=deny" scripts/bench-edge.sh  # a second keyed edge, beside
+#   PIN=1 ROUNDS=8 DURATION=3 scripts/bench-edge.sh   # the workerds measured on CPU 0, the rest on 1
+#
+# PIN=1 runs the measured workerds on CPU 0 (EDGE_CPUS) and the upstream workerd, the gateway and
+# wrk on CPU 1 (LOAD_CPUS): unpinned, wrk, the upstream and the measured workerd take turns on
+# two cores and one build's rounds move by a quarter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -23,6 +28,9 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 KEYS=${KEYS:-10000}
 ZIPF_S=${ZIPF_S:-1.1}
+if [ "${PIN:-}" = 1 ]; then
+  export EDGE_CPUS=${EDGE_CPUS:-0} LOAD_CPUS=${LOAD_CPUS:-1}
+fi
 workerd=wasm-tests/node_modules/workerd/bin/workerd
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 require_built "run the test command, then the build lines above" "$workerd" "$gateway" \
@@ -35,12 +43,13 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT INT TERM
 
 gw_port=$(free_port)
-"$gateway" --listen "127.0.0.1:$gw_port" --data-dir "$work/gw" >"$work/gateway.log" 2>&1 &
+${LOAD_CPUS:+taskset -c "$LOAD_CPUS"} "$gateway" --listen "127.0.0.1:$gw_port" --data-dir "$work/gw" >"$work/gateway.log" 2>&1 &
 pids+=($!)
 wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
 
 # serve NAME MAIN [BINDING...] : a workerd serving MAIN (with the edge bundle beside it) on a
-# free port, each BINDING a `name = "text"` pair; sets PORT, and the pid in pid[NAME].
+# free port, each BINDING a `name = "text"` pair; sets PORT, and the pid in pid[NAME]. On
+# CPUS (a taskset list) when set.
 declare -A pid
 serve() {
   local name=$1 main=$2 dir="$work/$1" b bindings=""
@@ -67,7 +76,7 @@ const w :Workerd.Worker = (
   bindings = [$bindings],
 );
 CAPNP
-  (cd "$dir" && exec "$OLDPWD/$workerd" serve config.capnp >"$dir/log" 2>&1) &
+  (cd "$dir" && exec ${CPUS:+taskset -c "$CPUS"} "$OLDPWD/$workerd" serve config.capnp >"$dir/log" 2>&1) &
   pid[$name]=$!
   pids+=("${pid[$name]}")
   wait_port "$PORT" || { cat "$dir/log"; exit 1; }
@@ -76,7 +85,7 @@ CAPNP
 cat >"$work/ok.mjs" <<'JS'
 export default { fetch: () => new Response("ok") };
 JS
-serve upstream "$work/ok.mjs"
+CPUS=${LOAD_CPUS:-} serve upstream "$work/ok.mjs"
 upstream="http://127.0.0.1:$PORT"
 rules='{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000, "duration": "1h",
   "actions": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key"}}]}]}'
@@ -85,6 +94,7 @@ read -r -a extra <<<"${EDGE_VARS:-}"
 edge_vars+=("${extra[@]}")
 names=(pass-through edge no-headers)
 declare -A port
+CPUS=${EDGE_CPUS:-}
 serve pass-through wasm-tests/bench/passthrough.mjs "STRATA_UPSTREAM=$upstream"
 port[pass-through]=$PORT
 serve edge worker.mjs "${edge_vars[@]}"

@@ -22,6 +22,7 @@
 #   BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
 #   BASELINE_CONFIG='"failure_mode": "deny",' scripts/bench-envoy.sh
 #   PIN=1 ROUNDS=10 DURATION=3 WARM="baseline strata" BASELINE_WASM=/tmp/old.wasm scripts/bench-envoy.sh
+#   PIN=1 UPSTREAM=envoy scripts/bench-envoy.sh         # proxied to an upstream Envoy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -60,9 +61,9 @@ wait_port "$gw_port" || { cat "$work/gateway.log"; exit 1; }
 envoy_config() {
   local name=$1 wasm=$2 extra=${3-$FILTER_CONFIG} port admin
   port=$(free_port); admin=$(free_port)
-  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$extra" >"$work/$name.yaml" <<'PY'
+  python3 - "$name" "$wasm" "$port" "$admin" "$gw_port" "$extra" "${up_port:-}" >"$work/$name.yaml" <<'PY'
 import sys
-name, wasm, port, admin, gw, extra = sys.argv[1:]
+name, wasm, port, admin, gw, extra, up = sys.argv[1:]
 LOCAL = """          - name: envoy.filters.http.local_ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
@@ -73,8 +74,14 @@ LOCAL = """          - name: envoy.filters.http.local_ratelimit
 """
 s = open("envoy-wasm/envoy.yaml").read()
 s = s.replace("port_value: 9901", f"port_value: {admin}").replace("port_value: 10000", f"port_value: {port}")
+if up:
+    # Proxied to the upstream Envoy: only the upstream cluster's port changes here.
+    a = s.index("  - name: upstream")
+    b = s.index("  - name: strata_gateway")
+    s = s[:a] + s[a:b].replace("port_value: 8080", f"port_value: {up}") + s[b:]
+else:
+    s = s.replace("route: { cluster: upstream }", 'direct_response: { status: 200, body: { inline_string: "ok" } }')
 s = s.replace("port_value: 8080", f"port_value: {gw}")
-s = s.replace("route: { cluster: upstream }", 'direct_response: { status: 200, body: { inline_string: "ok" } }')
 s = s.replace('"limit": 5,', '"limit": 1000000000,').replace("vm_id: strata", f"vm_id: {name}")
 s = s.replace('"stat_prefix": "strata",', '"stat_prefix": "strata", ' + extra)
 start, end = s.index("          - name: envoy.filters.http.wasm"), s.index("          - name: envoy.filters.http.router")
@@ -115,6 +122,16 @@ load() {
     "$(echo "($(ticks "${pid_at[$1]}") - $t0) * 1000000 / $(getconf CLK_TCK) / ($rps * $DURATION + 1)" | bc -l)"
 }
 warm() { load "$1" -H "x-api-key: warm"; }
+
+# UPSTREAM=envoy: the Envoys under test proxy every request to one more Envoy, with no filter,
+# answering from a `direct_response` route (on the load's CPUs when pinned), as a deployed
+# Envoy forwards to a service, instead of answering themselves.
+up_port=""
+if [ "${UPSTREAM:-}" = envoy ]; then
+  envoy_config upstream -
+  read -r up_port _ <"$work/upstream.ports"
+  ENVOY_CPUS=${LOAD_CPUS:-} start upstream 1
+fi
 
 names=(none local noop strata)
 envoy_config none -

@@ -1,6 +1,7 @@
 //! What the edge adds to a request, in workerd on loopback: the same upstream reached through
 //! a pass-through Worker and through the Strata edge (a warm key far from its limit), measured
-//! in the same run with interleaved sequential requests, then in alternating rounds of
+//! in the same run with interleaved sequential requests (the edge without pass headers too),
+//! then in alternating rounds of
 //! `CONNECTIONS` requests in flight (requests/s, p50, p99), where a third contender is the edge
 //! with `STRATA_HEADERS_ON_PASS=false` (a pass returns the upstream's response as it came,
 //! without the copy that adding headers takes); then the bundle's size and the cost of one warm
@@ -8,6 +9,11 @@
 //!
 //!     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
 //!     cargo bench -p strata-wasm-tests --bench edge_latency
+//!     EDGE_VARS="STRATA_REPLAY_DELAY_MS=5000" cargo bench -p strata-wasm-tests --bench edge_latency
+//!
+//! `EDGE_VARS` (`NAME=value` pairs, space-separated) sets more variables of both edges, or
+//! replaces the bench's own (`STRATA_RULES`): what a part of the edge's path adds, by turning
+//! it off in the same harness.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a harness: a panic is the report
 
@@ -79,17 +85,23 @@ async fn main() {
     let rules = r#"{"rules": [{"name": "per-key", "namespace": "bench", "limit": 1000000000,
         "duration": "1h", "actions": [{"request_headers": {"header_name": "x-api-key",
         "descriptor_key": "key"}}]}]}"#;
-    let mut edge = Workerd::proxy(&[
-        ("STRATA_GATEWAY_URL", &gateway.base),
-        ("STRATA_UPSTREAM", &upstream.base),
-        ("STRATA_RULES", rules),
-    ]);
-    let mut bare_passes = Workerd::proxy(&[
-        ("STRATA_GATEWAY_URL", &gateway.base),
-        ("STRATA_UPSTREAM", &upstream.base),
-        ("STRATA_RULES", rules),
-        ("STRATA_HEADERS_ON_PASS", "false"),
-    ]);
+    let extra = std::env::var("EDGE_VARS").unwrap_or_default();
+    let vars = |more: &[(&'static str, &'static str)]| {
+        let mut vars: Vec<(&str, &str)> = vec![
+            ("STRATA_GATEWAY_URL", &gateway.base),
+            ("STRATA_UPSTREAM", &upstream.base),
+            ("STRATA_RULES", rules),
+        ];
+        vars.extend_from_slice(more);
+        for pair in extra.split_whitespace() {
+            let (name, value) = pair.split_once('=').expect("EDGE_VARS: NAME=value pairs");
+            vars.retain(|(n, _)| *n != name);
+            vars.push((name, value));
+        }
+        vars
+    };
+    let mut edge = Workerd::proxy(&vars(&[]));
+    let mut bare_passes = Workerd::proxy(&vars(&[("STRATA_HEADERS_ON_PASS", "false")]));
     let mut plain = Workerd::example_from(
         &common::root().join("wasm-tests/bench/passthrough.mjs"),
         &[("STRATA_UPSTREAM", &upstream.base)],
@@ -98,40 +110,45 @@ async fn main() {
     bare_passes.ready().await;
     plain.ready().await;
 
-    let mut times = [Vec::new(), Vec::new()];
-    let targets = [plain.base.clone(), edge.base.clone()];
-    for i in 0..(REQUESTS + 500) * 2 {
-        let which = i % 2;
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    let targets = [
+        plain.base.clone(),
+        edge.base.clone(),
+        bare_passes.base.clone(),
+    ];
+    for i in 0..(REQUESTS + 500) * targets.len() {
+        let which = i % targets.len();
         let url = format!("{}/items", targets[which]);
         let took = warm_get(&http, &url)
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", edge.log()));
-        if i >= 1_000 {
+        if i >= 500 * targets.len() {
             times[which].push(took); // the first 500 of each warm up
         }
     }
     for t in &mut times {
         t.sort();
     }
-    let [p, e] = &times;
+    let [p, e, b] = &times;
     println!(
         "edge latency in workerd on loopback, {REQUESTS} sequential requests each, interleaved:"
     );
-    println!(
-        "  pass-through worker   p50 {:7.0} us   p99 {:7.0} us",
+    let (p50, p99) = (
         common::percentile_us(p, 0.5),
-        common::percentile_us(p, 0.99)
+        common::percentile_us(p, 0.99),
     );
-    println!(
-        "  strata edge (warm)    p50 {:7.0} us   p99 {:7.0} us",
-        common::percentile_us(e, 0.5),
-        common::percentile_us(e, 0.99)
-    );
-    println!(
-        "  added                 p50 {:7.0} us   p99 {:7.0} us",
-        common::percentile_us(e, 0.5) - common::percentile_us(p, 0.5),
-        common::percentile_us(e, 0.99) - common::percentile_us(p, 0.99)
-    );
+    println!("  pass-through worker   p50 {p50:7.0} us   p99 {p99:7.0} us");
+    for (name, t) in [("strata edge (warm)", e), ("without pass headers", b)] {
+        let (e50, e99) = (
+            common::percentile_us(t, 0.5),
+            common::percentile_us(t, 0.99),
+        );
+        println!(
+            "  {name:<21} p50 {e50:7.0} us   p99 {e99:7.0} us   added p50 {:+5.0} us   p99 {:+5.0} us",
+            e50 - p50,
+            e99 - p99
+        );
+    }
     println!(
         "throughput, {CONNECTIONS} requests in flight, alternating rounds of {} s:",
         ROUND.as_secs()

@@ -272,17 +272,20 @@ impl WindowState {
     }
 
     /// Called by each replay pass: whether the current cell's covering lease, near the limit,
-    /// holds more room unused than it was lent (and at least 0.5% of the limit): the room
-    /// this process's own past passes freed as the previous window decayed, which a covering
-    /// lease lends it ([`crate::lease::covers`]), piles up when its traffic slows, and the
-    /// origin keeps it from the others until the lease ends. Given back, the next request
-    /// asks for a lease sized afresh.
+    /// holds more room unused than it was lent (the lent room being at least 0.5% of the
+    /// limit) and one unit more: the room this process's own past passes freed as the
+    /// previous window decayed, which a covering lease lends it ([`crate::lease::covers`]),
+    /// piles up when its traffic slows, and the origin keeps it from the others until the
+    /// lease ends. Given back, the next request asks for a lease sized afresh. The unit more:
+    /// a holder paced at its share's decay sees its room cross the lent room by a unit now and
+    /// then (its requests and its share's steps do not fall at the same instants), and giving
+    /// the lease back each time cost it a call for a unit it was about to use.
     pub fn lease_surplus(&self, duration: WindowDuration, now_ms: u64) -> bool {
         let lent = self.lease.last_grant().max(self.limit / 200).max(1);
         self.lease.covers()
             && self.current.is_fresh(now_ms)
             && !self.lease_is_far(duration, now_ms)
-            && self.lease_room(duration, now_ms) > lent
+            && self.lease_room(duration, now_ms) > lent.saturating_add(1)
     }
 
     /// Starts the origin call of `plan`: stops using the lease it gives back.

@@ -425,7 +425,7 @@ impl Vm {
 
     /// Adds to each host counter what the driver counted since the last flush. A warm pass
     /// changes only `ok` and `decided.local` (and `requests`, which no host counter shows):
-    /// two host calls of its eight, so outside the root context's events (its tick, every half
+    /// two host calls a request would make, so outside the root context's events (its tick, every half
     /// of the smaller of `timeout_ms` and `replay_interval_ms`; a call's answer) they wait,
     /// and anything else (a denial, a call, a fallback) goes out at once with them.
     fn flush_metrics(&mut self, host: &impl Host, root: bool) {

@@ -563,6 +563,12 @@ async fn the_redis_scripts_and_the_embedded_origin_agree() {
                         used(key, sequence, grow),
                         used(key, sequence.saturating_sub(1), 0),
                     ],
+                    // What the caller knows was passed for it here: mostly all of it (a
+                    // large number), now and then less than the origin counted.
+                    decided: [
+                        next() % 3,
+                        if next() % 3 == 0 { next() % 4 } else { 1 << 40 },
+                    ],
                     want,
                     release: 0,
                     // Half the keys no other region counts: a caller alone there is lent the
@@ -664,6 +670,7 @@ fn plain(key: WindowKeyRef<'_>, limit: u64, cost: u64, want: u64) -> DecideLimit
         limit,
         cost,
         used: [0, 0],
+        decided: [0, 0],
         want,
         release: 0,
         global: [0, 0],

@@ -105,7 +105,15 @@ async fn the_description_states_the_codes_bounds() {
     assert_eq!(replay["events"]["maxItems"], MAX_BATCH);
     assert_eq!(replay["instance"]["maxLength"], MAX_INSTANCE_BYTES);
     let decide = schema("DecideLimitRequest");
-    for field in ["limit", "cost", "used", "used_previous", "want"] {
+    for field in [
+        "limit",
+        "cost",
+        "used",
+        "used_previous",
+        "decided",
+        "decided_previous",
+        "want",
+    ] {
         assert_eq!(decide[field]["maximum"], MAX_COUNT, "{field}");
     }
     for name in ["CellRequest", "ReplayEvent", "DecideLimitRequest"] {

@@ -3,7 +3,8 @@
 //!
 //! This is the unit every shell holds, whatever it keeps it in (the edge's table, a gateway
 //! shard, Envoy shared data): the decision, merge and publish rules all act on it. It is kept
-//! to 208 bytes (two cells of 88, the lease history) so a table slot with its key is 256.
+//! to 208 bytes (two cells of 80, the lease history, and what only the current cell needs) so
+//! a table slot with its key is 256.
 
 use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
 use crate::lease::LeaseState;
@@ -27,6 +28,13 @@ pub struct CellState {
     pub(crate) own: u64,
     /// The largest `own` the origin has acknowledged.
     pub(crate) acked: u64,
+    /// What the origin passed in the cell for this process's calls, cumulative: counted there,
+    /// never replayed, but this process's traffic all the same, so with `own` it is the part
+    /// of the window whose decay a covering lease lends back ([`WindowState::lease_share`]).
+    /// Counted when a call starts and taken back when its answer says it did not pass: the
+    /// origin may count a pass before this process hears of it (or never, if the answer is
+    /// lost), and a share counted from less than the origin covers would admit too much.
+    pub(crate) decided: u64,
     /// The lease as a ceiling on this process's own part of the weighted count: local passes
     /// while `own + share + cost <= grant`, the share being, for a covering lease, its own
     /// count of the previous cell decayed as the window goes, and for a plain one nothing
@@ -37,14 +45,6 @@ pub struct CellState {
     /// increasing per process and cell): only a newer lease replaces it, and giving one back
     /// names it, so a late answer or a release crossing a new grant can do no harm.
     pub(crate) lease_id: u64,
-    /// The first origin call for this cell whose outcome this process never learned (it timed
-    /// out or failed, and the request was decided by the failure mode); 0: none. The next
-    /// call asks the origin to undo whatever it counted since, so the request counts once.
-    pub(crate) uncertain_from: u64,
-    /// The last replay pass (this process's clock) that found the lease new or used (own cost
-    /// waiting for acknowledgement); 0: none since the lease was granted. A lease is idle
-    /// when passes found it unused for [`crate::lease::LEASE_IDLE_MS`] after that.
-    pub(crate) idle_since: u64,
 }
 
 impl CellState {
@@ -61,8 +61,7 @@ impl CellState {
         acked: 0,
         grant: 0,
         lease_id: 0,
-        uncertain_from: 0,
-        idle_since: 0,
+        decided: 0,
     };
 
     /// Regional and imported global counts.
@@ -85,9 +84,9 @@ impl CellState {
     pub const fn own(&self) -> u64 {
         self.own
     }
-    /// The first origin call whose outcome was never learned (0: none).
-    pub const fn uncertain_from(&self) -> u64 {
-        self.uncertain_from
+    /// What the origin passed in the cell for this process's calls (and calls not answered).
+    pub const fn decided(&self) -> u64 {
+        self.decided
     }
     /// The id of the lease in use (0: none granted yet).
     pub const fn lease_id(&self) -> u64 {
@@ -96,6 +95,10 @@ impl CellState {
     /// The largest own count the origin acknowledged.
     pub const fn acked(&self) -> u64 {
         self.acked
+    }
+    /// This process's part of the cell: its local passes and what the origin passed for it.
+    pub const fn part(&self) -> u64 {
+        self.own.saturating_add(self.decided)
     }
     /// Own cost the origin has not acknowledged yet (what a replay must still deliver).
     pub const fn unacked(&self) -> u64 {
@@ -134,6 +137,16 @@ pub struct WindowState {
     pub(crate) previous: CellState,
     /// The size of the last lease, so the next ask grows with demand.
     pub(crate) lease: LeaseState,
+    /// The first origin call for the current cell whose outcome this process never learned
+    /// (it timed out or failed, and the request was decided by the failure mode); 0: none.
+    /// The next call asks the origin to undo whatever it counted since, so the request counts
+    /// once. (Only the current cell's: the origin undoes on its current cell.)
+    pub(crate) uncertain_from: u64,
+    /// The last replay pass (this process's clock) that found the current cell's lease new
+    /// or used (own cost waiting for acknowledgement); 0: none since the lease was granted.
+    /// A lease is idle when passes found it unused for [`crate::lease::LEASE_IDLE_MS`] after
+    /// that.
+    pub(crate) idle_since: u64,
 }
 
 impl WindowState {
@@ -146,6 +159,8 @@ impl WindowState {
             current: CellState::COLD,
             previous: CellState::COLD,
             lease: LeaseState::from_bits(0),
+            uncertain_from: 0,
+            idle_since: 0,
         }
     }
 
@@ -180,6 +195,8 @@ impl WindowState {
             CellState::COLD
         };
         self.current = CellState::COLD;
+        self.uncertain_from = 0;
+        self.idle_since = 0;
         self.sequence = sequence;
         (now_ms, lost)
     }
@@ -203,6 +220,10 @@ impl WindowState {
     /// Until when decisions that would pass locally go to the origin.
     pub const fn strict_until(&self) -> u64 {
         self.strict_until
+    }
+    /// The first origin call for the current cell whose outcome was never learned (0: none).
+    pub const fn uncertain_from(&self) -> u64 {
+        self.uncertain_from
     }
     /// Both cells' counts, as a decision reads them.
     pub const fn counts(&self) -> WindowCounts {
@@ -289,8 +310,9 @@ impl WindowState {
     }
 
     /// This process's share of the previous window's weight at `now_ms` (already rolled to),
-    /// as its lease counts it: the room its own past passes still hold, freed as the window
-    /// goes, if the lease in use covers it ([`LeaseState::covers`]), else none.
+    /// as its lease counts it: the room its past passes still hold (its part of the previous
+    /// cell: local ones, and those the origin passed for it), freed as the window goes, if
+    /// the lease in use covers it ([`LeaseState::covers`]), else none.
     pub fn lease_share(&self, duration: WindowDuration, now_ms: u64) -> u64 {
         self.share_if(self.lease.covers(), duration, now_ms)
     }
@@ -301,7 +323,7 @@ impl WindowState {
             return 0;
         }
         let elapsed = duration.elapsed_ms(self.sequence, now_ms);
-        duration.previous_share(self.previous.own, elapsed)
+        duration.previous_share(self.previous.part(), elapsed)
     }
 
     /// What this process may still admit locally under its lease at `now_ms` (already

@@ -199,6 +199,12 @@ pub fn grant(want: u64, available: u64, limit: u64, holders: u64, alone: bool) -
     want.min(above.saturating_add(small))
 }
 
+/// A covering lease holding more unused room than it was lent goes back as surplus
+/// ([`crate::WindowState::lease_surplus`]); the lent room counts as at least this many units...
+pub const SURPLUS_FLOOR: u64 = 3;
+/// ...and at least the limit divided by this.
+pub const SURPLUS_FLOOR_DIVISOR: u64 = 400;
+
 /// A covering lease needs a limit of at least this many costs per holder of the key.
 /// Holders round their previous shares up ([`crate::WindowDuration::previous_share`]), so
 /// each may leave up to one unit of what the window's formula would admit unused (half on

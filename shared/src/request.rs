@@ -60,6 +60,7 @@ impl CallLimit {
             limit: self.request(),
             sequence: Some(self.plan.sequence),
             used: self.plan.used,
+            decided: self.plan.decided,
             want: self.plan.want,
             release: self.plan.release,
             call: self.plan.call,
@@ -164,6 +165,8 @@ impl OriginCall {
                     sequence: Some(l.plan.sequence),
                     used: l.plan.used[0],
                     used_previous: l.plan.used[1],
+                    decided: l.plan.decided[0],
+                    decided_previous: l.plan.decided[1],
                     want: l.plan.want,
                     release: l.plan.release,
                     call: l.plan.call,
@@ -291,7 +294,7 @@ fn call<S: States>(
             let mut plan = plan.unwrap_or_else(|| covered_plan(states, i, l, now_ms));
             plan.call = states.next_call(i);
             if let Some(s) = states.state(i) {
-                s.begin_origin(&plan);
+                s.begin_origin(&plan, l.cost);
             }
             CallLimit {
                 key: l.key.to_owned_key(),
@@ -355,16 +358,17 @@ fn covered_plan<S: States>(
     l: &LimitRequest<'_>,
     now_ms: u64,
 ) -> OriginPlan {
-    let (sequence, used, want, release, undo_from) =
-        states.state(i).map_or((0, [0, 0], 0, 0, 0), |s| {
+    let (sequence, used, decided, want, release, undo_from) =
+        states.state(i).map_or((0, [0, 0], [0, 0], 0, 0, 0), |s| {
             (
                 s.sequence(),
                 [s.current().own(), s.previous().own()],
+                [s.current().decided(), s.previous().decided()],
                 // Covered: the process holds a grant here, so how far the limit is does not
                 // change the ask (only a process with none asks for the limit).
                 s.lease().want(Reason::Stale, l.cost, l.limit, false),
                 s.current().lease_id(),
-                s.current().uncertain_from(),
+                s.uncertain_from(),
             )
         });
     OriginPlan {
@@ -373,6 +377,7 @@ fn covered_plan<S: States>(
         reason: Reason::Lease,
         release,
         used,
+        decided,
         want,
         call: 0,
         undo_from,
@@ -534,6 +539,7 @@ mod tests {
             reason: Reason::Lease,
             release: 0,
             used: [5, 2],
+            decided: [1, 4],
             want: 8,
             call: 3,
             undo_from: 0,

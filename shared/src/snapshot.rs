@@ -12,7 +12,9 @@ use crate::cell::{CellState, WindowState};
 use crate::decision::Counts;
 use crate::lease::LeaseState;
 
-const VERSION: u8 = 1;
+/// 2: a cell holds what the origin passed for the process, and the undo marker and idle
+/// mark are the window's (version 1 bytes decode as `None`: the key starts cold).
+const VERSION: u8 = 2;
 /// Bytes of an encoded [`WindowState`].
 pub const STATE_BYTES: usize = 1 + 8 * 26;
 
@@ -54,8 +56,7 @@ fn put_cell(out: &mut Vec<u8>, c: &CellState) {
         c.acked,
         c.grant,
         c.lease_id,
-        c.uncertain_from,
-        c.idle_since,
+        c.decided,
     ] {
         put(out, v);
     }
@@ -74,8 +75,7 @@ fn read_cell(r: &mut Reader<'_>) -> Option<CellState> {
         acked: r.u64()?,
         grant: r.u64()?,
         lease_id: r.u64()?,
-        uncertain_from: r.u64()?,
-        idle_since: r.u64()?,
+        decided: r.u64()?,
     })
 }
 
@@ -88,6 +88,8 @@ impl WindowState {
             self.strict_until,
             self.limit,
             self.lease.to_bits(),
+            self.uncertain_from,
+            self.idle_since,
         ] {
             put(out, v);
         }
@@ -107,6 +109,8 @@ impl WindowState {
             strict_until: r.u64()?,
             limit: r.u64()?,
             lease: LeaseState::from_bits(r.u64()?),
+            uncertain_from: r.u64()?,
+            idle_since: r.u64()?,
             current: read_cell(&mut r)?,
             previous: read_cell(&mut r)?,
         })
@@ -178,6 +182,10 @@ mod tests {
         state.current.own = 7;
         state.current.grant = 12;
         state.current.lease_id = 99;
+        state.current.decided = 3;
+        state.previous.decided = 8;
+        state.uncertain_from = 4;
+        state.idle_since = 1_700_000_000_100;
         state.previous.counts.regional = 41;
         state.lease.granted(5);
         state.limit = 100;
@@ -197,6 +205,6 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(decode_entry(&longer).is_none());
-        assert!(WindowState::from_bytes(&[2; STATE_BYTES]).is_none());
+        assert!(WindowState::from_bytes(&[1; STATE_BYTES]).is_none());
     }
 }

@@ -242,7 +242,7 @@ impl CounterTable {
                 Step::Decided(decision)
             }
             Verdict::Origin(mut plan) => {
-                state.begin_origin(&plan);
+                state.begin_origin(&plan, cost);
                 slab.last_call = slab.last_call.saturating_add(1);
                 plan.call = slab.last_call;
                 Step::Origin(plan)

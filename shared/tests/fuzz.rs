@@ -63,6 +63,8 @@ const API_FIELDS: &[&str] = &[
     "sequence",
     "used",
     "used_previous",
+    "decided",
+    "decided_previous",
     "want",
     "release",
     "instance",

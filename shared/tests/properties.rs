@@ -204,7 +204,7 @@ proptest! {
         let mut state = WindowState::new(d, t0);
         if warm {
             // An origin decision merged: both cells' counts, and a lease for 5 s.
-            let plan = OriginPlan { sequence: 1_000, at_ms: t0 + at, reason: Reason::Cold, release: 0, used: [0, 0], want: lease, call: 0, undo_from: 0 };
+            let plan = OriginPlan { sequence: 1_000, at_ms: t0 + at, reason: Reason::Cold, release: 0, used: [0, 0], decided: [0, 0], want: lease, call: 0, undo_from: 0 };
             let answer = OriginAnswer {
                 limit, remaining: 0, reset_ms: d.reset(1_000), sequence: 1_000, counted: true, denied: false,
                 current: Counts { regional: current, global: 0 },

@@ -540,19 +540,18 @@ fn processes_over_the_limit_ask_once_for_most_freed_units() {
     r.report("five processes at 5x, then one alone");
     let d = r.key.duration();
     assert_exact(&admitted, &times, d, 1_000);
-    // Alone, it passes from its covering lease and seldom asks, so a rival it counted may
-    // stay counted; what matters is that the rivals' room is its own again.
+    // Alone, it passes from its covering lease (which counts what the origin passed for it
+    // too) and seldom asks, so rivals it counted may stay counted: only a strict call that
+    // finds their room untaken forgets one. What matters is that their room is its own again:
+    // a rival still counted holds back one request's room while it is strict and beyond its
+    // lease (at most 1% of the limit, `lease::max_rivals`).
     let state = r.procs[0].table.get(r.key.as_ref()).unwrap();
-    assert!(
-        state.lease().rivals() <= 1,
-        "the rivals left: at most one still counted"
-    );
     let last = admitted.iter().filter(|&&t| t >= T0 + 40_000).count();
-    // The rival it may still count holds back one request's room while it is strict (at most
-    // 1% of the limit, `lease::max_rivals`).
     assert!(
         (1_998..=2_000).contains(&last),
-        "the last two windows, alone: the whole limit but the rival's room, {last}"
+        "the last two windows, alone: the whole limit but a rival's room, {last} ({} rivals \
+         counted)",
+        state.lease().rivals()
     );
 }
 
@@ -590,21 +589,16 @@ fn processes_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     );
 }
 
-/// Five processes each paced at 0.95x its share of a limit of 1,000 (19 requests a second,
-/// each at its own phase): covering leases keep them from the origin, and a lease whose room
-/// crosses what it was lent by a unit of phase is kept, not given back as surplus. Giving it
-/// back at once made 28 origin decisions per 1,000 here, most of them in the second after the
-/// window's first leases were renewed; a unit more kept, 15. Everything is admitted, as an
-/// exact limiter would. (Keeping up to twice the lent room instead made the same 15 here, but
-/// admitted 1.2% under an exact limiter with random arrivals at 1x, the test above.)
-#[test]
-fn processes_paced_under_a_limit_keep_their_covering_leases() {
+/// Five processes sharing a limit of 1,000 per 10 s, each sending `per_second` requests a
+/// second, evenly, at its own phase, for 90 s (the lab's `five-paced`). Returns the region, the
+/// request times and the admitted ones.
+fn paced_five(per_second: u64) -> (Region, Vec<u64>, Vec<u64>) {
     let mut r = Region::new(5, 1_000, T0);
     let d = WindowDuration::from_ms(10 * SECOND).unwrap();
     r.key = WindowKeyRef::new("ws", "api", "client", d)
         .unwrap()
         .to_owned_key();
-    let gap_us = 1_000_000 / 19;
+    let gap_us = 1_000_000 / per_second;
     let mut next: Vec<u64> = (0..5).map(|i| i * gap_us / 5 + 7_000 * i).collect();
     let (mut times, mut admitted) = (Vec::new(), Vec::new());
     loop {
@@ -624,9 +618,53 @@ fn processes_paced_under_a_limit_keep_their_covering_leases() {
             admitted.push(now);
         }
     }
+    (r, times, admitted)
+}
+
+/// Five processes each paced at 0.95x its share of a limit of 1,000 (19 requests a second):
+/// covering leases keep them from the origin, and a lease whose room crosses what it was lent
+/// by a unit of phase is kept, not given back as surplus. Giving it back at once made 28
+/// origin decisions per 1,000 here, most of them in the second after the window's first
+/// leases were renewed; a unit more kept, 15. Everything is admitted, as an exact limiter
+/// would. (Keeping up to twice the lent room instead made the same 15 here, but admitted 1.2%
+/// under an exact limiter with random arrivals at 1x, the test above.)
+#[test]
+fn processes_paced_under_a_limit_keep_their_covering_leases() {
+    let (r, times, admitted) = paced_five(19);
     r.report("five processes at 0.95x, paced");
-    assert_exact(&admitted, &times, d, 1_000);
+    assert_exact(&admitted, &times, r.key.duration(), 1_000);
     assert_eq!(admitted.len(), times.len(), "all under the limit");
     let per_1000 = r.origin.decisions * 1_000 / r.requests;
     assert!(per_1000 <= 20, "{per_1000} origin decisions per 1,000");
+}
+
+/// The same five paced at exactly their shares (20 a second each): the windows' few denials
+/// leave a process short of its share, and the passes the origin decides for it in the next
+/// window made it short again in the one after, when its covering lease counted its local
+/// passes alone: its share decayed slower than its traffic by what the origin passed it, and
+/// it asked the origin once for each of those units, 77 decisions per 1,000. Counted as its
+/// part of the window (`CellState::decided`), 22; the admitted stay within 1% of an exact
+/// limiter's, and the origin's per-process ledger holds what it passed for each.
+#[test]
+fn processes_paced_at_a_limit_count_what_the_origin_passed_them() {
+    let (mut r, times, admitted) = paced_five(20);
+    r.report("five processes at 1x, paced");
+    let d = r.key.duration();
+    assert_exact(&admitted, &times, d, 1_000);
+    let per_1000 = r.origin.decisions * 1_000 / r.requests;
+    assert!(per_1000 <= 35, "{per_1000} origin decisions per 1,000");
+    // What each process knows was passed for it at the origin is what the origin counted
+    // (no call is in flight or lost here).
+    let now = times[times.len() - 1];
+    let seq = d.sequence(now);
+    for p in &r.procs {
+        let state = p.table.get(r.key.as_ref()).unwrap();
+        let ledger = r.origin.ledger(&r.key.clone(), seq - 1);
+        assert_eq!(
+            (state.previous().own(), state.previous().decided()),
+            (ledger.own(&p.name), ledger.decided(&p.name)),
+            "{}",
+            p.name
+        );
+    }
 }

@@ -251,14 +251,25 @@ fn decide_requires_a_plain_instance_id_and_reads_the_lease_fields() {
     );
     let req: DecideRequest = parse(
         r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":9,"duration":1000,
-            "sequence":1700000000,"used":4,"used_previous":7,"want":8}]}"#,
+            "sequence":1700000000,"used":4,"used_previous":7,"decided":1,"decided_previous":2,"want":8}]}"#,
     );
     let limits = req.validate("ws").unwrap();
     assert_eq!(
-        (limits[0].sequence, limits[0].used, limits[0].want),
-        (Some(1_700_000_000), [4, 7], 8)
+        (
+            limits[0].sequence,
+            limits[0].used,
+            limits[0].decided,
+            limits[0].want
+        ),
+        (Some(1_700_000_000), [4, 7], [1, 2], 8)
     );
-    for field in ["used", "used_previous", "want"] {
+    for field in [
+        "used",
+        "used_previous",
+        "decided",
+        "decided_previous",
+        "want",
+    ] {
         let too_much: DecideRequest = parse(&format!(
             r#"{{"instance":"e1","limits":[{limit},{{"namespace":"n","identifier":"a","limit":9,"duration":1000,"{field}":9007199254740992}}]}}"#
         ));
@@ -409,6 +420,8 @@ fn origin_requests_have_the_contract_shape() {
             sequence: Some(7),
             used: 4,
             used_previous: 2,
+            decided: 0,
+            decided_previous: 3,
             want: 8,
             release: 0,
             call: 0,
@@ -419,7 +432,7 @@ fn origin_requests_have_the_contract_shape() {
     let json = serde_json::to_string(&decide).unwrap();
     assert_eq!(
         json,
-        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":10,"duration":1000,"cost":1,"sequence":7,"used":4,"used_previous":2,"want":8}],"shares":true}"#
+        r#"{"instance":"e1","limits":[{"namespace":"n","identifier":"a","limit":10,"duration":1000,"cost":1,"sequence":7,"used":4,"used_previous":2,"decided_previous":3,"want":8}],"shares":true}"#
     );
     assert_eq!(
         serde_json::from_str::<DecideRequest>(&json).unwrap(),

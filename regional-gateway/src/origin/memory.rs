@@ -249,8 +249,8 @@ mod tests {
         let ids: Vec<String> = (0..6_400).map(|i| format!("k{i}")).collect();
         for id in &ids {
             let key = WindowKeyRef::new("ws", "ns", id, d).unwrap();
-            cells.ledger(key, 1, 0).add(1);
-            cells.ledger(key, 2, 0).add(2);
+            cells.ledger(key, 1, 0).pass("e", 1);
+            cells.ledger(key, 2, 0).pass("e", 2);
         }
         assert_eq!(cells.len(), 12_800);
         let largest = cells.tables.iter().map(HashTable::len).max().unwrap();
@@ -274,7 +274,7 @@ mod tests {
                 // Half the cells written a window later: they expire a window later.
                 cells
                     .ledger(key, 1, if i % 2 == 0 { 0 } else { 60_000 })
-                    .add(1);
+                    .pass("e", 1);
             }
         }
         let pass = |now| {

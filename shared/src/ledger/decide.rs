@@ -30,6 +30,9 @@ pub struct DecideLimit<'a> {
     /// The caller's own cumulative counts of the origin's current and previous cells
     /// (already mapped onto the origin's sequence: [`super::used_on`]).
     pub used: [u64; 2],
+    /// What was passed here for the caller in those cells, as far as it knows (mapped the
+    /// same way).
+    pub decided: [u64; 2],
     /// The lease asked for beyond the cost.
     pub want: u64,
     /// The id of an expired lease the caller gives back (0: none).
@@ -64,6 +67,7 @@ impl<'a> DecideLimit<'a> {
             limit: r.limit.limit,
             cost: r.limit.cost,
             used: used_on(sequence, r.sequence.unwrap_or(sequence), r.used),
+            decided: used_on(sequence, r.sequence.unwrap_or(sequence), r.decided),
             want: r.want,
             release: r.release,
             call: r.call,
@@ -152,7 +156,7 @@ pub fn decide<L: Ledgers + ?Sized>(
                 l.cost,
                 now_ms,
                 l.shares,
-                l.used[1],
+                [l.used[1], l.decided[1]],
             );
             *ledgers.ledger(key, prev, now_ms) = previous;
             view
@@ -175,7 +179,7 @@ pub fn decide<L: Ledgers + ?Sized>(
             let current = ledgers.ledger(l.key, sequence, now_ms);
             let (mut granted, mut lease_id) = (0, 0);
             if multi.success {
-                current.add(l.cost);
+                current.pass(instance, l.cost);
                 let available = lease::available(decision.remaining, view, now_ms, lease_ms);
                 let grant = lease::grant(l.want, available, l.limit, view.holders, view.alone);
                 (granted, lease_id) =

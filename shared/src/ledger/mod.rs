@@ -5,10 +5,14 @@
 //!
 //! - A process's own count merges with `max`: a replay or decision that arrives twice, late
 //!   or after a timeout counts once, and a bad cell cannot make another grow.
-//! - `count` is the sum of the own counts of local passes plus the passes decided here.
+//! - `count` is the sum of the own counts of local passes plus the passes decided here, which
+//!   are also kept per process (`decided`): its own count and those make its part of the cell.
 //! - A covering lease ([`crate::lease::covers`]) is a ceiling on its holder's own part of the
 //!   window's weighted count: its own count of the cell plus its share of the previous
-//!   window's weight ([`WindowDuration::previous_share`], rounded up). As the previous window
+//!   window's weight ([`WindowDuration::previous_share`], rounded up) — the decay of its part
+//!   of the previous cell, the passes decided here for it included (leaving those out, a
+//!   holder paced at its share decayed slower than its traffic by what it was passed here,
+//!   and asked here again for each of them in the next window). As the previous window
 //!   decays, the holder's own part shrinks and the same lease admits more: a holder is lent
 //!   the room its own past passes free, with no call, and several holders of a key paced at
 //!   its limit each keep their own pace (the shares follow each one's recent rate, as
@@ -59,6 +63,8 @@ struct Holder {
     instance: String,
     /// Its cumulative own count.
     own: u64,
+    /// What was passed here for it (counted in `count` too).
+    decided: u64,
     /// Its lease, live or not yet found expired.
     lease: Option<Lease>,
     /// The last lease id granted to it, kept when its lease is dropped, so ids never repeat
@@ -104,6 +110,7 @@ impl CellLedger {
                 self.holders.push(Holder {
                     instance: instance.to_string(),
                     own: 0,
+                    decided: 0,
                     lease: None,
                     last_id: 0,
                     counted: None,
@@ -117,6 +124,17 @@ impl CellLedger {
     /// `instance`'s cumulative count as the origin holds it.
     pub fn own(&self, instance: &str) -> u64 {
         self.holder(instance).map_or(0, |h| h.own)
+    }
+
+    /// What was passed here for `instance`'s calls.
+    pub fn decided(&self, instance: &str) -> u64 {
+        self.holder(instance).map_or(0, |h| h.decided)
+    }
+
+    /// `instance`'s part of the cell: its own count and what was passed here for it.
+    pub fn part(&self, instance: &str) -> u64 {
+        self.holder(instance)
+            .map_or(0, |h| h.own.saturating_add(h.decided))
     }
 
     /// Merges `instance`'s cumulative count with `max`; the count grows by the difference.
@@ -138,9 +156,11 @@ impl CellLedger {
         self.count = self.count.max(floor);
     }
 
-    /// Counts `cost` decided here (it is no process's local pass, so never replayed).
-    pub fn add(&mut self, cost: u64) {
+    /// Counts `cost` passed here for `instance` (no local pass of its, so never replayed).
+    pub fn pass(&mut self, instance: &str, cost: u64) {
         self.count = self.count.saturating_add(cost);
+        let h = self.writer(instance);
+        h.decided = h.decided.saturating_add(cost);
     }
 
     /// Remembers what `instance`'s call counted here (a call id of 0 is not remembered).
@@ -161,6 +181,7 @@ impl CellLedger {
             return 0;
         };
         h.counted = None;
+        h.decided = h.decided.saturating_sub(c.cost);
         self.count = self.count.saturating_sub(c.cost);
         if c.lease_id != 0 {
             self.release(instance, c.lease_id);
@@ -377,9 +398,10 @@ pub struct OriginView {
 
 /// The [`OriginView`] of one limit of `instance`, live leases found expired dropped on the
 /// way; the lease this call may lend covers the caller's previous share if it `shares` and the
-/// limit allows it ([`crate::lease::covers`]), the share of `said`, the caller's own count of
-/// the previous cell as its call says it (a process that lost its state, an evicted table
-/// entry, counts from 0: its share is what it counts, never what the origin remembers).
+/// limit allows it ([`crate::lease::covers`]), the share of its part of the previous cell
+/// (its own count and what was passed here for it), each at most what `said` (the same two
+/// as its call says them) holds: a process that lost its state, an evicted table entry,
+/// counts from 0, so its share is what it counts, never what the origin remembers.
 #[allow(clippy::too_many_arguments)]
 pub fn origin_check(
     current: &mut CellLedger,
@@ -391,7 +413,7 @@ pub fn origin_check(
     cost: u64,
     now_ms: u64,
     shares: bool,
-    said: u64,
+    said: [u64; 2],
 ) -> OriginView {
     let holders = current.holders(instance, now_ms);
     let covers = shares && crate::lease::covers(limit, cost, holders);
@@ -403,9 +425,12 @@ pub fn origin_check(
     // the terms of the lease this call lends) or its own part now, whichever is more: the
     // lease this call grants it must fit beside the others.
     let elapsed = duration.elapsed_ms(duration.sequence(now_ms), now_ms);
-    let counted = previous.own(instance).min(said);
+    let counted = previous
+        .own(instance)
+        .min(said[0])
+        .saturating_add(previous.decided(instance).min(said[1]));
     let share = duration.previous_share(counted, elapsed);
-    let r = current.reserved_with(instance, now_ms, |holder| previous.own(holder));
+    let r = current.reserved_with(instance, now_ms, |holder| previous.part(holder));
     let own = current.own(instance);
     let live = in_terms(r.ceiling, r.covers, covers, share);
     let base = own_part(own, share, covers);
@@ -497,11 +522,17 @@ mod tests {
         c.merge_own("a", 3);
         c.merge_own("b", 2);
         assert_eq!(c.count(), 7);
-        c.add(1);
+        c.pass("a", 1);
         assert_eq!(
-            (c.count(), c.own("a")),
-            (8, 5),
-            "a pass decided here is no one's own"
+            (c.count(), c.own("a"), c.decided("a"), c.part("a")),
+            (8, 5, 1, 6),
+            "a pass decided here is no one's own count, but the caller's part"
+        );
+        c.merge_own("a", 5);
+        assert_eq!(
+            c.count(),
+            8,
+            "a replay of the own count does not take it back"
         );
     }
 
@@ -579,7 +610,7 @@ mod tests {
     #[test]
     fn a_call_whose_answer_was_lost_is_undone_once() {
         let mut c = CellLedger::default();
-        c.add(2);
+        c.pass("a", 2);
         let (_, id) = c.lease("a", 5, 0, false, 0, 1_000);
         c.record(
             "a",
@@ -595,33 +626,46 @@ mod tests {
             "an older call is not undone by a later marker"
         );
         assert_eq!(c.undo("a", 6), 2, "undone: the count and its lease");
-        assert_eq!((c.count(), c.reserved("a", 0)), (0, (0, 0)));
+        assert_eq!(
+            (c.count(), c.decided("a"), c.reserved("a", 0)),
+            (0, 0, (0, 0))
+        );
         assert_eq!(c.undo("a", 6), 0, "once");
+    }
+
+    /// 15 s into a minute window.
+    const NOW: u64 = 60_000 * 100 + 15_000;
+
+    /// `instance`'s view of a key of 1,000 a minute at [`NOW`], its call saying `said`.
+    fn view_at_now(
+        current: &mut CellLedger,
+        previous: &mut CellLedger,
+        instance: &str,
+        said: [u64; 2],
+    ) -> OriginView {
+        let minute = WindowDuration::from_ms(60_000).unwrap();
+        origin_check(
+            current,
+            previous,
+            instance,
+            [0, 0],
+            minute,
+            1_000,
+            1,
+            NOW,
+            true,
+            said,
+        )
     }
 
     #[test]
     fn a_caller_that_forgot_its_previous_count_is_lent_no_share_of_it() {
-        let minute = WindowDuration::from_ms(60_000).unwrap();
         let mut previous = CellLedger::default();
         previous.merge_own("a", 30);
         let mut current = CellLedger::default();
-        // 15 s into the window: a's 30 weigh 22.5, its share rounded up 23.
-        let now = 60_000 * 100 + 15_000;
-        let mut check = |said| {
-            origin_check(
-                &mut current,
-                &mut previous,
-                "a",
-                [0, 0],
-                minute,
-                1_000,
-                1,
-                now,
-                true,
-                said,
-            )
-        };
-        let (told, forgot) = (check(30), check(0));
+        // a's 30 weigh 22.5, its share rounded up 23.
+        let mut check = |said| view_at_now(&mut current, &mut previous, "a", said);
+        let (told, forgot) = (check([30, 0]), check([0, 0]));
         assert_eq!((told.share, forgot.share), (23, 0));
         let counts = |v: &OriginView| {
             let c = v.check.counts;
@@ -633,6 +677,30 @@ mod tests {
             (0, 30),
             "an evicted entry counts from 0: the 30 stay in the previous term"
         );
+    }
+
+    #[test]
+    fn passes_decided_here_are_part_of_a_callers_share_as_far_as_it_knows_them() {
+        let mut previous = CellLedger::default();
+        previous.merge_own("a", 20);
+        previous.pass("a", 10);
+        previous.merge_own("b", 40);
+        // a's part of 30 weighs 22.5, its share rounded up 23.
+        let mut current = CellLedger::default();
+        let mut check = |said| view_at_now(&mut current, &mut previous, "a", said);
+        let (told, short, over) = (check([20, 10]), check([20, 4]), check([20, 99]));
+        assert_eq!(
+            (told.share, short.share, over.share),
+            (23, 18, 23),
+            "the decay of its part, at most what it says and what was counted here"
+        );
+        let previous_term = |v: &OriginView| v.check.counts.previous.regional;
+        assert_eq!(previous_term(&told), 40, "only b's count stays in the term");
+        assert_eq!(previous_term(&short), 46);
+        // A covering lease of a's counts its whole part as covered when b decides.
+        current.lease("a", 5, 23, true, NOW, NOW + 5_000);
+        let b = view_at_now(&mut current, &mut previous, "b", [40, 0]);
+        assert_eq!(b.check.counts.previous.regional, 0, "a's 30 and b's own 40");
     }
 
     #[test]

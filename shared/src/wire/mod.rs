@@ -441,6 +441,18 @@ pub struct DecideLimitRequest {
     #[serde(default)]
     #[serde(deserialize_with = "integer::integer")]
     pub used_previous: u64,
+    /// What the origin passed for the caller's calls in its current cell, as far as the
+    /// caller knows (default 0): with `used`, its part of the cell.
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
+    pub decided: u64,
+    /// The same for its previous cell: a covering lease lends the caller the decay of at most
+    /// `used_previous + decided_previous` (and of no more than the origin counted for it).
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "integer::integer")]
+    pub decided_previous: u64,
     /// The lease the caller asks for beyond `cost` (default 0: decide this request only).
     #[cfg_attr(feature = "openapi", schema(maximum = 9_007_199_254_740_991_u64))]
     #[serde(default)]
@@ -551,6 +563,8 @@ pub struct DecideRef<'a> {
     pub sequence: Option<u64>,
     /// The caller's own cumulative counts of its current and previous cells.
     pub used: [u64; 2],
+    /// What the origin passed for the caller in those cells, as far as it knows.
+    pub decided: [u64; 2],
     /// The lease asked for.
     pub want: u64,
     /// The id of the lease the caller gives back (0: none).
@@ -754,6 +768,10 @@ impl DecideRequest {
                     used: [
                         count(&path, "used", l.used)?,
                         count(&path, "used_previous", l.used_previous)?,
+                    ],
+                    decided: [
+                        count(&path, "decided", l.decided)?,
+                        count(&path, "decided_previous", l.decided_previous)?,
                     ],
                     want: count(&path, "want", l.want)?,
                     release: l.release,

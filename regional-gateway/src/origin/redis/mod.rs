@@ -7,7 +7,8 @@
 //!
 //! A cell is a hash, the core's [`strata_core::ledger::CellLedger`] in Redis: `n` the region's
 //! count, `o:<instance>` each process's cumulative own count (merged with `max`, so a replay
-//! delivered twice counts once), `i:<instance>` the last lease id it was granted, and
+//! delivered twice counts once), `d:<instance>` what was passed here for it (in `n` too),
+//! `i:<instance>` the last lease id it was granted, and
 //! `l:<instance>` its live lease, `"<ceiling>:<id>"` (the id is the reservation deadline, made
 //! strictly increasing). The leases live in the cell's hash, not beside it, so a decision
 //! reads a cell and its leases with one command and writes them with one. Keys expire three
@@ -285,7 +286,8 @@ local function reserved(i, now)
           holders = holders + 1
           local own = num(i, 'o:' .. holder)
           if c > own then others = others + (c - own) end
-          if i == 1 and cov then covered = covered + num(2, 'o:' .. holder) end
+          -- its part of cell 2: its own count and what was passed here for it
+          if i == 1 and cov then covered = covered + num(2, 'o:' .. holder) + num(2, 'd:' .. holder) end
         end
       end
     end
@@ -310,7 +312,10 @@ if undo_from > 0 then
     local c2 = string.find(rec, ':', c1 + 1, true)
     if tonumber(string.sub(rec, 1, c1 - 1)) >= undo_from then
       local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
-      if undone > 0 then set(1, {'n', string.format('%d', num(1, 'n') - undone)}) end
+      if undone > 0 then
+        set(1, {'n', string.format('%d', num(1, 'n') - undone),
+          'd:' .. inst, string.format('%d', math.max(num(1, 'd:' .. inst) - undone, 0))})
+      end
       release(string.sub(rec, c2 + 1))
       del(1, 'u:' .. inst)
       -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
@@ -334,10 +339,11 @@ local po, pceiling = reserved(2, clock)
 -- lease::covers: a covering lease only to a caller that counts its share, on a limit of at
 -- least COVER_FACTOR costs per holder
 local covers = ARGV[20] == '1' and limit >= COVER_FACTOR * math.max(cost, 1) * holders
--- the caller's own count of cell 2, as this origin holds it and, for its share, as its call
--- says it (a process that lost its state counts from 0)
+-- the caller's own count of cell 2, as this origin holds it and, for its share, its part
+-- there (that and what was passed here for it) as its call says it (a process that lost its
+-- state counts from 0)
 local pcount = num(2, 'o:' .. inst)
-local pown = math.min(pcount, tonumber(ARGV[7]))
+local pown = math.min(pcount, tonumber(ARGV[7])) + math.min(num(2, 'd:' .. inst), tonumber(ARGV[21]))
 -- WindowDuration::previous_share: that count decayed, rounded up
 local rshare = pown - muldiv(pown, elapsed, d)
 local pshare = 0
@@ -367,20 +373,21 @@ local lease, lease_id, before, lease_covers = 0, 0, '', 0
 local function written_by_others(i)
   for f in pairs(h[i]) do
     local p = string.sub(f, 1, 2)
-    if (p == 'o:' or p == 'i:' or p == 'u:') and string.sub(f, 3) ~= inst then return true end
+    if (p == 'o:' or p == 'd:' or p == 'i:' or p == 'u:') and string.sub(f, 3) ~= inst then return true end
   end
   return false
 end
 -- CellLedger::contend: a denied caller is recorded as writing to the cell (own count 0)
 if ok == 0 and h[1]['o:' .. inst] == nil then set(1, {'o:' .. inst, '0'}) end
 if ok == 1 and ARGV[10] ~= '1' then
-  -- the cell's writes, one HSET: a pass decided here is counted in the region's count only
-  -- (no one replays it)
+  -- the cell's writes, one HSET: a pass decided here is counted in the region's count and
+  -- the caller's part (no one replays it)
   local fv = {}
   local own = own0
   if cost > 0 then
     cur = cur + cost
     fv[1], fv[2] = 'n', string.format('%d', cur)
+    fv[3], fv[4] = 'd:' .. inst, string.format('%d', num(1, 'd:' .. inst) + cost)
   end
   -- lease::available: the caller's live lease is raised, not added to, so what it held is
   -- available to it; a plain lease to a caller alone on the key also lends the room the
@@ -512,7 +519,10 @@ type ScriptReply = (u8, u64, u64, u64, u64, u64, u64, u64, String, u8);
 /// KEYS: the cell. ARGV: cost, instance, lease id granted (0: none), the record it
 /// replaced ('' if none), the call's id (its record of what it counted goes too).
 const ROLLBACK_LUA: &str = r#"
-if tonumber(ARGV[1]) > 0 then redis.call('HINCRBY', KEYS[1], 'n', -tonumber(ARGV[1])) end
+if tonumber(ARGV[1]) > 0 then
+  redis.call('HINCRBY', KEYS[1], 'n', -tonumber(ARGV[1]))
+  redis.call('HINCRBY', KEYS[1], 'd:' .. ARGV[2], -tonumber(ARGV[1]))
+end
 local rec = redis.call('HGET', KEYS[1], 'u:' .. ARGV[2])
 if rec and string.sub(rec, 1, string.find(rec, ':', 1, true) - 1) == ARGV[5] then
   redis.call('HDEL', KEYS[1], 'u:' .. ARGV[2])
@@ -618,6 +628,7 @@ impl RedisOrigin {
                 .arg(lease_ms)
                 .arg(u8::from(l.left_previous))
                 .arg(u8::from(l.shares))
+                .arg(l.decided[1])
                 .invoke_async(conn)
                 .await;
             let (ok, cur, prev, used, lease, rc, weighed, lease_id, held, covers) = match reply {

@@ -138,6 +138,9 @@ pub fn decide<L: Ledgers + ?Sized>(
             let prev = sequence.saturating_sub(1);
             let mut previous = core::mem::take(ledgers.ledger(key, prev, now_ms));
             previous.merge_own(instance, l.used[1]);
+            // Only the previous cell's: what the caller's share decays (a call in flight on
+            // the current cell must not be counted before it arrives).
+            previous.merge_decided(instance, l.decided[1]);
             if l.left_previous {
                 // Its count there, just merged, is final: a reservation would only hold back
                 // room from the window that weighs it (every process would see room the

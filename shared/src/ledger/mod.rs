@@ -150,6 +150,23 @@ impl CellLedger {
         }
     }
 
+    /// Merges what `instance` says was passed here for it with `max`; the count grows by the
+    /// difference. Its word is an upper bound (it counts a call whose answer it lost), so
+    /// this only ever counts more; it restores what an origin that lost its data forgot, and
+    /// without it such an origin would lend the caller a share smaller than the one the caller
+    /// counts against its ceiling, which would then run out on every request.
+    pub fn merge_decided(&mut self, instance: &str, decided: u64) {
+        if decided == 0 {
+            return;
+        }
+        let h = self.writer(instance);
+        let held = h.decided;
+        if decided > held {
+            h.decided = decided;
+            self.count = self.count.saturating_add(decided - held);
+        }
+    }
+
     /// Raises the count to `floor` (this region's published count: an origin that lost its
     /// data, or a new embedded one, counts from what the region already published).
     pub fn raise(&mut self, floor: u64) {
@@ -701,6 +718,24 @@ mod tests {
         current.lease("a", 5, 23, true, NOW, NOW + 5_000);
         let b = view_at_now(&mut current, &mut previous, "b", [40, 0]);
         assert_eq!(b.check.counts.previous.regional, 0, "a's 30 and b's own 40");
+    }
+
+    #[test]
+    fn what_a_caller_says_was_passed_for_it_merges_with_max_and_counts() {
+        let mut c = CellLedger::default();
+        c.pass("a", 3);
+        c.merge_decided("a", 2);
+        assert_eq!(
+            (c.count(), c.decided("a")),
+            (3, 3),
+            "less than counted: nothing"
+        );
+        c.merge_decided("a", 5);
+        assert_eq!(
+            (c.count(), c.decided("a"), c.part("a")),
+            (5, 5, 5),
+            "more (an origin that lost its data): counted"
+        );
     }
 
     #[test]

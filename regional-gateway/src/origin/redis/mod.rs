@@ -238,12 +238,14 @@ end
 local inst = ARGV[5]
 -- the caller's lease field in a cell
 local own_lease = 'l:' .. inst
--- merge the caller's cumulative own count into cell i with max
-local function merge_own(i, used)
+-- merge the caller's cumulative own count ('o:'), or what it says was passed here for it
+-- ('d:'), into cell i with max
+local function merge_own(i, used, f)
   if used <= 0 then return end
-  local held = num(i, 'o:' .. inst)
+  f = (f or 'o:') .. inst
+  local held = num(i, f)
   if used > held then
-    set(i, {'n', string.format('%d', num(i, 'n') + used - held), 'o:' .. inst, string.format('%d', used)})
+    set(i, {'n', string.format('%d', num(i, 'n') + used - held), f, string.format('%d', used)})
   end
 end
 -- The caller's lease on cell 1 ('l:<instance>'), given back or expired, reserves nothing from
@@ -300,6 +302,8 @@ local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 merge_own(1, tonumber(ARGV[6]))
 merge_own(2, tonumber(ARGV[7]))
+-- CellLedger::merge_decided, on the previous cell only
+merge_own(2, tonumber(ARGV[21]), 'd:')
 -- the lease the caller gives back: its count is merged, drop the reservation
 release(ARGV[13])
 -- calls whose answer the caller never got: it decided those requests itself, so what the last

@@ -62,12 +62,13 @@ impl<'a> DecideLimit<'a> {
     pub fn new(r: &DecideRef<'a>, now_ms: u64, global: [u64; 2], floor: [u64; 2]) -> Self {
         let key = r.limit.key;
         let sequence = key.duration().sequence(now_ms);
+        let caller = r.sequence.unwrap_or(sequence);
         Self {
             key,
             limit: r.limit.limit,
             cost: r.limit.cost,
-            used: used_on(sequence, r.sequence.unwrap_or(sequence), r.used),
-            decided: used_on(sequence, r.sequence.unwrap_or(sequence), r.decided),
+            used: used_on(sequence, caller, r.used),
+            decided: used_on(sequence, caller, r.decided),
             want: r.want,
             release: r.release,
             call: r.call,

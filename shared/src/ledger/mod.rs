@@ -139,15 +139,7 @@ impl CellLedger {
 
     /// Merges `instance`'s cumulative count with `max`; the count grows by the difference.
     pub fn merge_own(&mut self, instance: &str, used: u64) {
-        if used == 0 {
-            return;
-        }
-        let h = self.writer(instance);
-        let held = h.own;
-        if used > held {
-            h.own = used;
-            self.count = self.count.saturating_add(used - held);
-        }
+        self.merge_max(instance, used, |h| &mut h.own);
     }
 
     /// Merges what `instance` says was passed here for it with `max`; the count grows by the
@@ -156,14 +148,20 @@ impl CellLedger {
     /// without it such an origin would lend the caller a share smaller than the one the caller
     /// counts against its ceiling, which would then run out on every request.
     pub fn merge_decided(&mut self, instance: &str, decided: u64) {
-        if decided == 0 {
+        self.merge_max(instance, decided, |h| &mut h.decided);
+    }
+
+    /// Raises one of `instance`'s cumulative counts (`field`) to `value`, the region's count
+    /// by the same difference.
+    fn merge_max(&mut self, instance: &str, value: u64, field: fn(&mut Holder) -> &mut u64) {
+        if value == 0 {
             return;
         }
-        let h = self.writer(instance);
-        let held = h.decided;
-        if decided > held {
-            h.decided = decided;
-            self.count = self.count.saturating_add(decided - held);
+        let held = field(self.writer(instance));
+        if value > *held {
+            let grown = value - *held;
+            *held = value;
+            self.count = self.count.saturating_add(grown);
         }
     }
 

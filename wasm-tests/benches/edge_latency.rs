@@ -1,19 +1,29 @@
 //! What the edge adds to a request, in workerd on loopback: the same upstream reached through
 //! a pass-through Worker and through the Strata edge (a warm key far from its limit), measured
-//! in the same run with interleaved sequential requests (the edge without pass headers too),
-//! then in alternating rounds of
-//! `CONNECTIONS` requests in flight (requests/s, p50, p99), where a third contender is the edge
-//! with `STRATA_HEADERS_ON_PASS=false` (a pass returns the upstream's response as it came,
-//! without the copy that adding headers takes); then the bundle's size and the cost of one warm
-//! decision inside the Wasm module (`bench/warm_decision.mjs`, under Node).
+//! in the same run with interleaved sequential requests, then in rounds of `CONNECTIONS`
+//! requests in flight (requests/s, p50, p99, and workerd's CPU per request); then the bundle's
+//! size and the cost of one warm decision inside the Wasm module (`bench/warm_decision.mjs`,
+//! under Node). Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
+//! the upstream's response as it came, without the copy that adding headers takes), and a
+//! second pass-through Worker, the control: what it differs from the first by is the harness's
+//! own spread on this machine.
+//!
+//! With requests in flight the load is a closed loop: the mean latency is `CONNECTIONS` over
+//! the throughput (Little's law), so a contender at 0.85x of the pass-through's requests/s
+//! waits 1/0.85 as long on average, and its percentiles grow with it. The CPU per request is
+//! the cost that moves least with how the machine shares its cores.
 //!
 //!     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
 //!     cargo bench -p strata-wasm-tests --bench edge_latency
 //!     EDGE_VARS="STRATA_REPLAY_DELAY_MS=5000" cargo bench -p strata-wasm-tests --bench edge_latency
+//!     EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
 //!
+//! `EDGE_ROUNDS` sets the number of throughput rounds (0: the sequential part only).
 //! `EDGE_VARS` (`NAME=value` pairs, space-separated) sets more variables of both edges, or
 //! replaces the bench's own (`STRATA_RULES`): what a part of the edge's path adds, by turning
-//! it off in the same harness.
+//! it off in the same harness. `EDGE_CPUS` (a taskset list) pins the workerds; with the bench
+//! itself under `taskset -c 1`, the client, the upstream and the gateway (which inherits the
+//! bench's CPU) stay off the measured workerds' core.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a harness: a panic is the report
 
@@ -31,6 +41,14 @@ const REQUESTS: usize = 5_000;
 const CONNECTIONS: usize = 8;
 /// How long a throughput round lasts.
 const ROUND: Duration = Duration::from_secs(4);
+/// Throughput rounds, each running every contender once (`EDGE_ROUNDS` sets another number;
+/// 0 measures the sequential requests only).
+const ROUNDS: usize = 4;
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
 
 /// One GET of `url` on the warm key: how long it took, or what came instead of a 200.
 async fn warm_get(http: &reqwest::Client, url: &str) -> Result<Duration, String> {
@@ -102,43 +120,45 @@ async fn main() {
     };
     let mut edge = Workerd::proxy(&vars(&[]));
     let mut bare_passes = Workerd::proxy(&vars(&[("STRATA_HEADERS_ON_PASS", "false")]));
-    let mut plain = Workerd::example_from(
-        &common::root().join("wasm-tests/bench/passthrough.mjs"),
-        &[("STRATA_UPSTREAM", &upstream.base)],
-    );
-    edge.ready().await;
-    bare_passes.ready().await;
-    plain.ready().await;
-
-    let mut times = [Vec::new(), Vec::new(), Vec::new()];
-    let targets = [
-        plain.base.clone(),
-        edge.base.clone(),
-        bare_passes.base.clone(),
+    let passthrough = common::root().join("wasm-tests/bench/passthrough.mjs");
+    let plain_vars = [("STRATA_UPSTREAM", upstream.base.as_str())];
+    let mut plain = Workerd::example_from(&passthrough, &plain_vars);
+    // The control: a second pass-through, identical to the first. What it "adds" to the first
+    // is the harness's own spread, the resolution every other figure is read against.
+    let mut twin = Workerd::example_from(&passthrough, &plain_vars);
+    for w in [&mut edge, &mut bare_passes, &mut plain, &mut twin] {
+        w.ready().await;
+    }
+    let contenders: [(&str, &Workerd); 4] = [
+        ("pass-through", &plain),
+        ("strata edge (warm)", &edge),
+        ("without pass headers", &bare_passes),
+        ("second pass-through", &twin),
     ];
-    for i in 0..(REQUESTS + 500) * targets.len() {
-        let which = i % targets.len();
-        let url = format!("{}/items", targets[which]);
+
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    for i in 0..(REQUESTS + 500) * contenders.len() {
+        let which = i % contenders.len();
+        let url = format!("{}/items", contenders[which].1.base);
         let took = warm_get(&http, &url)
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", edge.log()));
-        if i >= 500 * targets.len() {
+        if i >= 500 * contenders.len() {
             times[which].push(took); // the first 500 of each warm up
         }
     }
     for t in &mut times {
         t.sort();
     }
-    let [p, e, b] = &times;
     println!(
         "edge latency in workerd on loopback, {REQUESTS} sequential requests each, interleaved:"
     );
     let (p50, p99) = (
-        common::percentile_us(p, 0.5),
-        common::percentile_us(p, 0.99),
+        common::percentile_us(&times[0], 0.5),
+        common::percentile_us(&times[0], 0.99),
     );
     println!("  pass-through worker   p50 {p50:7.0} us   p99 {p99:7.0} us");
-    for (name, t) in [("strata edge (warm)", e), ("without pass headers", b)] {
+    for ((name, _), t) in contenders.iter().zip(&times).skip(1) {
         let (e50, e99) = (
             common::percentile_us(t, 0.5),
             common::percentile_us(t, 0.99),
@@ -150,30 +170,57 @@ async fn main() {
         );
     }
     println!(
-        "throughput, {CONNECTIONS} requests in flight, alternating rounds of {} s:",
+        "throughput, {CONNECTIONS} requests in flight, rounds of {} s, each contender in turn \
+         (the order rotating), against the pass-through of the same round; CPU is workerd's \
+         own per request:",
         ROUND.as_secs()
     );
-    for n in 1..=3 {
-        let rounds = (
-            round(&http, &plain.base).await,
-            round(&http, &edge.base).await,
-            round(&http, &bare_passes.base).await,
-        );
-        let (Ok((pr, pt)), Ok((er, et)), Ok((br, bt))) = rounds else {
-            panic!("{rounds:?}\n{}\n{}", plain.log(), edge.log());
-        };
+    // Per contender after the first: each round's ratio and p99 added, for the medians.
+    let mut ratios: [Vec<f64>; 4] = Default::default();
+    let mut p99s: [Vec<f64>; 4] = Default::default();
+    let rounds = std::env::var("EDGE_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS);
+    for n in 0..rounds {
+        let mut results = Vec::new();
+        for k in 0..contenders.len() {
+            let which = (n + k) % contenders.len();
+            let (name, workerd) = contenders[which];
+            let cpu = workerd.cpu_time();
+            let (rate, t) = round(&http, &workerd.base)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
+            let cpu = workerd.cpu_time().saturating_sub(cpu);
+            #[allow(clippy::cast_precision_loss)] // a request count
+            let cpu_us = cpu.as_secs_f64() * 1e6 / t.len().max(1) as f64;
+            results.push((which, rate, t, cpu_us));
+        }
+        results.sort_by_key(|r| r.0);
+        let (base_rate, base_t) = (results[0].1, &results[0].2);
+        let base_p99 = common::percentile_us(base_t, 0.99);
+        let mut line = format!("  round {}:", n + 1);
+        for (which, rate, t, cpu_us) in &results {
+            let p99 = common::percentile_us(t, 0.99);
+            line += &format!(
+                "\n    {:<21} {rate:6.0} req/s {:.2}x  p50 {:5.0} us  p99 {p99:6.0} us ({:+6.0})  \
+                 CPU {cpu_us:4.0} us/req",
+                contenders[*which].0,
+                rate / base_rate,
+                common::percentile_us(t, 0.5),
+                p99 - base_p99,
+            );
+            ratios[*which].push(rate / base_rate);
+            p99s[*which].push(p99 - base_p99);
+        }
+        println!("{line}");
+    }
+    println!("medians over the rounds (x the pass-through, p99 added):");
+    for (which, (name, _)) in contenders.iter().enumerate().skip(1) {
         println!(
-            "  round {n}: pass-through {pr:6.0} req/s p50 {:5.0} us p99 {:5.0} us | strata edge \
-             {er:6.0} req/s p50 {:5.0} us p99 {:5.0} us | {:.2}x, p99 {:+.0} us | without pass \
-             headers {br:6.0} req/s | {:.2}x, p99 {:+.0} us",
-            common::percentile_us(&pt, 0.5),
-            common::percentile_us(&pt, 0.99),
-            common::percentile_us(&et, 0.5),
-            common::percentile_us(&et, 0.99),
-            er / pr,
-            common::percentile_us(&et, 0.99) - common::percentile_us(&pt, 0.99),
-            br / pr,
-            common::percentile_us(&bt, 0.99) - common::percentile_us(&pt, 0.99),
+            "  {name:<21} {:.2}x  p99 {:+.0} us",
+            median(&mut ratios[which]),
+            median(&mut p99s[which])
         );
     }
     let dist = common::root().join("edge/dist");

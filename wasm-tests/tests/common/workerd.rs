@@ -125,7 +125,17 @@ impl Workerd {
         );
         std::fs::write(dir.join("config.capnp"), config).unwrap();
         let log = std::fs::File::create(dir.join("workerd.log")).unwrap();
-        let child = Command::new(binary())
+        // EDGE_CPUS (a taskset list, as in scripts/bench-edge.sh) pins a benchmark's workerds;
+        // taskset execs workerd, so the child's pid stays workerd's.
+        let mut command = match std::env::var("EDGE_CPUS") {
+            Ok(cpus) if !cpus.is_empty() => {
+                let mut taskset = Command::new("taskset");
+                taskset.arg("-c").arg(cpus).arg(binary());
+                taskset
+            }
+            _ => Command::new(binary()),
+        };
+        let child = command
             .arg("serve")
             .arg(dir.join("config.capnp"))
             .arg("--verbose")
@@ -140,6 +150,26 @@ impl Workerd {
             dir,
             base: format!("http://127.0.0.1:{port}"),
         }
+    }
+
+    /// The CPU time workerd has used so far, all its threads, user and system
+    /// (`/proc/<pid>/stat`, in clock ticks of 10 ms): what a benchmark divides by the requests
+    /// it sent, a cost that does not move with how the machine shares its cores.
+    pub fn cpu_time(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // After the command's closing parenthesis: state, then utime and stime are the 12th
+        // and 13th fields.
+        let fields: Vec<u64> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        Duration::from_millis(fields.iter().sum::<u64>() * 10)
     }
 
     /// What workerd and the Worker's `console.log` wrote.

@@ -17,13 +17,15 @@
 //!     cargo bench -p strata-wasm-tests --bench edge_latency
 //!     EDGE_VARS="STRATA_REPLAY_DELAY_MS=5000" cargo bench -p strata-wasm-tests --bench edge_latency
 //!     EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
+//!     EDGE_ROUNDS=0 EDGE_V8_FLAGS=--no-liftoff EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
 //!
 //! `EDGE_ROUNDS` sets the number of throughput rounds (0: the sequential part only).
 //! `EDGE_VARS` (`NAME=value` pairs, space-separated) sets more variables of both edges, or
 //! replaces the bench's own (`STRATA_RULES`): what a part of the edge's path adds, by turning
 //! it off in the same harness. `EDGE_CPUS` (a taskset list) pins the workerds; with the bench
 //! itself under `taskset -c 1`, the client, the upstream and the gateway (which inherits the
-//! bench's CPU) stay off the measured workerds' core.
+//! bench's CPU) stay off the measured workerds' core. `EDGE_V8_FLAGS` sets every workerd's V8
+//! flags (`--no-liftoff`: Wasm compiled by TurboFan up front, no tier-up while requests run).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a harness: a panic is the report
 

@@ -50,6 +50,18 @@ fn capnp_text(s: &str) -> String {
     out
 }
 
+/// EDGE_V8_FLAGS (space-separated, as `--no-liftoff --trace-gc`) sets a benchmark's V8 flags,
+/// workerd's `v8Flags`: what a part of V8 (its tiers, its collector) costs, turned off in the
+/// same harness.
+fn v8_flags() -> String {
+    std::env::var("EDGE_V8_FLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(capnp_text)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Workerd {
     /// Serves the proxy Worker (`worker.mjs`) with `vars`.
     pub fn proxy(vars: &[(&str, &str)]) -> Self {
@@ -114,6 +126,7 @@ impl Workerd {
                  {services}\
                ],\n\
                sockets = [(name = \"http\", address = \"127.0.0.1:{port}\", http = (), service = \"main\")],\n\
+               v8Flags = [{}],\n\
              );\n\
              const edge :Workerd.Worker = (\n\
                modules = [\n{modules}],\n\
@@ -121,6 +134,7 @@ impl Workerd {
                globalOutbound = \"net\",\n\
                bindings = [{}],\n\
              );\n",
+            v8_flags(),
             bindings.join(", ")
         );
         std::fs::write(dir.join("config.capnp"), config).unwrap();

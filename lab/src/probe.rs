@@ -3,6 +3,7 @@
 //! time and resident memory (`/proc`).
 
 use crate::shells::Counts;
+use crate::shells::launchers::cpu::{clock_ticks, cpu_ticks};
 use crate::stack::Stack;
 
 /// One reading of every counter the figures difference.
@@ -58,34 +59,6 @@ fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// User + system CPU ticks of process `pid`.
-fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // Fields after the command name (which may hold spaces): state is field 3, utime 14.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(14) + field(15)
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -18,7 +18,7 @@ use crate::scenario::Scenario;
     dead_code,
     unreachable_pub
 )]
-mod launchers;
+pub(crate) mod launchers;
 
 pub use launchers::envoy::{Envoy, FilterStats};
 pub use launchers::upstream::Upstream;

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+#[path = "../../../wasm-tests/tests/common/cpu.rs"]
+pub mod cpu;
 #[path = "../../../wasm-tests/tests/common/envoy.rs"]
 pub mod envoy;
 #[path = "../../../wasm-tests/tests/common/upstream.rs"]

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 #[path = "../../../regional-gateway/tests/common/conformance.rs"]
 pub mod conformance;
+pub mod cpu;
 pub mod envoy;
 pub mod hostile;
 pub mod identity;

@@ -166,24 +166,11 @@ impl Workerd {
         }
     }
 
-    /// The CPU time workerd has used so far, all its threads, user and system
-    /// (`/proc/<pid>/stat`, in clock ticks of 10 ms): what a benchmark divides by the requests
-    /// it sent, a cost that does not move with how the machine shares its cores.
+    /// The CPU time workerd has used so far, all its threads, user and system: what a
+    /// benchmark divides by the requests it sent, the cost that moves least with how the
+    /// machine shares its cores.
     pub fn cpu_time(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // After the command's closing parenthesis: state, then utime and stime are the 12th
-        // and 13th fields.
-        let fields: Vec<u64> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        Duration::from_millis(fields.iter().sum::<u64>() * 10)
+        super::cpu::cpu_time(self.child.id())
     }
 
     /// What workerd and the Worker's `console.log` wrote.

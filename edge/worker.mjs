@@ -223,13 +223,14 @@ function replyOf(edge, full, allowed = edge.reply_allowed) {
   return reply;
 }
 
-// A request through the module: its reply now, or once the gateway (or the deadline)
-// decides (`full`: with the binding's numbers). A request decided now drains the module only
-// if it has something to drain. A request that waits picks its reply up itself, on a timer of
-// its own: were another request to resolve a promise it awaits, its code after that could run
-// in the other request's context, and workerd refuses a request's I/O (its upstream fetch)
-// from another's.
-async function decide(state, ctx, start, full) {
+// A request through the module: its reply now, or, when it waits for the gateway, a promise
+// of it, resolved once the gateway (or the deadline) decides (`full`: with the binding's
+// numbers). A request decided now allocates no promise and drains the module only if it has
+// something to drain. A request that waits picks its reply up itself, on a timer of its own:
+// were another request to resolve a promise it awaits, its code after that could run in the
+// other request's context, and workerd refuses a request's I/O (its upstream fetch) from
+// another's.
+function decide(state, ctx, start, full) {
   const id = (state.nextId = (state.nextId + 1) >>> 0);
   let verdict;
   try {
@@ -243,6 +244,10 @@ async function decide(state, ctx, start, full) {
     return reply;
   }
   pump(state, ctx);
+  return waitFor(state, ctx, id);
+}
+
+async function waitFor(state, ctx, id) {
   try {
     for (;;) {
       const decided = state.ready.get(id);
@@ -293,24 +298,31 @@ function headerText(headers, names) {
 }
 
 function setHeaders(target, text) {
-  const parts = text.split("\n");
-  for (let i = 0; i + 1 < parts.length; i += 2) target.set(parts[i], parts[i + 1]);
+  for (let at = 0; at < text.length; ) {
+    const colon = text.indexOf("\n", at);
+    const end = text.indexOf("\n", colon + 1);
+    if (colon < 0 || end < 0) return;
+    target.set(text.slice(at, colon), text.slice(colon + 1, end));
+    at = end + 1;
+  }
 }
 
 async function proxy(request, env, ctx) {
   const state = stateFor(env);
   if (state.error) return errorResponse(500, "invalid_configuration", state.error);
-  if (state.debug && request.url.includes(STATS) && new URL(request.url).pathname === STATS) {
+  const url = request.url;
+  if (state.debug && url.includes(STATS) && new URL(url).pathname === STATS) {
     return json(200, JSON.parse(state.edge.stats()));
   }
   let reply;
   try {
-    reply = await decide(state, ctx, (id) =>
+    reply = decide(state, ctx, (id) =>
       state.edge.start(
-        id, request.method, request.url, headerText(request.headers, state.headerNames),
+        id, request.method, url, headerText(request.headers, state.headerNames),
         state.readsPeer ? peerOf(request) : undefined, Date.now(),
       ),
     );
+    if (reply instanceof Promise) reply = await reply;
   } catch (e) {
     if (e instanceof RequestError) return errorResponse(400, "invalid_request", e.message);
     log("error", "the edge failed a request", { error: String(e.stack || e) });
@@ -324,7 +336,7 @@ async function proxy(request, env, ctx) {
   }
   let upstream;
   try {
-    upstream = await fetch(state.upstream ? new Request(upstreamUrl(state.upstream, request.url), request) : request);
+    upstream = await fetch(state.upstream ? new Request(upstreamUrl(state.upstream, url), request) : request);
   } catch (e) {
     log("warn", "upstream unreachable", { error: String(e.message || e) });
     return errorResponse(502, "upstream_unavailable", `the upstream could not be reached: ${e.message || e}`);

@@ -3,7 +3,15 @@
 //! in the same run with interleaved sequential requests, then in rounds of `CONNECTIONS`
 //! requests in flight (requests/s, p50, p99, and workerd's CPU per request); then the bundle's
 //! size and the cost of one warm decision inside the Wasm module (`bench/warm_decision.mjs`,
-//! under Node). Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
+//! under Node).
+//!
+//! The sequential requests run twice: on new isolates, then after `SETTLE` more requests each.
+//! V8 compiles a Wasm function with Liftoff when first called and recompiles it with TurboFan,
+//! on a background thread, once it has run its tiering budget; the edge's hot functions reach
+//! it over an isolate's first 25,000 or so requests, and each compile takes the CPU a request
+//! would have had (all of it, with the workerd pinned to one core). Each part prints how many
+//! functions each workerd tiered up while it was measured (`--trace-wasm-compilation-times`,
+//! which only prints), so a settled figure shows it was settled. Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
 //! the upstream's response as it came, without the copy that adding headers takes), and a
 //! second pass-through Worker, the control: what it differs from the first by is the harness's
 //! own spread on this machine.
@@ -19,7 +27,8 @@
 //!     EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
 //!     EDGE_ROUNDS=0 EDGE_V8_FLAGS=--no-liftoff EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
 //!
-//! `EDGE_ROUNDS` sets the number of throughput rounds (0: the sequential part only).
+//! `EDGE_ROUNDS` sets the number of throughput rounds (0: the sequential parts only).
+//! `EDGE_SETTLE` sets the requests between the two sequential parts (0: the first only).
 //! `EDGE_VARS` (`NAME=value` pairs, space-separated) sets more variables of both edges, or
 //! replaces the bench's own (`STRATA_RULES`): what a part of the edge's path adds, by turning
 //! it off in the same harness. `EDGE_CPUS` (a taskset list) pins the workerds; with the bench
@@ -43,6 +52,11 @@ const REQUESTS: usize = 5_000;
 const CONNECTIONS: usize = 8;
 /// How long a throughput round lasts.
 const ROUND: Duration = Duration::from_secs(4);
+/// Requests each contender serves between the two sequential parts, `CONNECTIONS` in flight:
+/// past what V8 takes to tier the edge's hot Wasm functions up (about 25,000 requests; its
+/// tiering budget is 13 million bytes executed per function). `EDGE_SETTLE` sets another
+/// number; 0 skips the settled part.
+const SETTLE: usize = 40_000;
 /// Throughput rounds, each running every contender once (`EDGE_ROUNDS` sets another number;
 /// 0 measures the sequential requests only).
 const ROUNDS: usize = 4;
@@ -69,17 +83,22 @@ async fn warm_get(http: &reqwest::Client, url: &str) -> Result<Duration, String>
     Ok(t0.elapsed())
 }
 
-/// One throughput round against `base`: `CONNECTIONS` clients sending one request after
-/// another for `ROUND`; requests/s and the sorted latencies.
-async fn round(http: &reqwest::Client, base: &str) -> Result<(f64, Vec<Duration>), String> {
+/// Load on `base`: `CONNECTIONS` clients each sending one request after another, for `length`
+/// or `each` requests, whichever comes first; requests/s and the sorted latencies.
+async fn load(
+    http: &reqwest::Client,
+    base: &str,
+    length: Duration,
+    each: usize,
+) -> Result<(f64, Vec<Duration>), String> {
     let started = Instant::now();
-    let deadline = started + ROUND;
+    let deadline = started.checked_add(length);
     let clients: Vec<_> = (0..CONNECTIONS)
         .map(|_| {
             let (http, url) = (http.clone(), format!("{base}/items"));
             tokio::spawn(async move {
                 let mut times = Vec::new();
-                while Instant::now() < deadline {
+                while times.len() < each && deadline.is_none_or(|d| Instant::now() < d) {
                     times.push(warm_get(&http, &url).await?);
                 }
                 Ok::<_, String>(times)
@@ -96,9 +115,65 @@ async fn round(http: &reqwest::Client, base: &str) -> Result<(f64, Vec<Duration>
     Ok((rate, times))
 }
 
+/// `REQUESTS` sequential requests to each contender in turn, after 500 each to warm up; each
+/// contender's sorted latencies.
+async fn sequential(
+    http: &reqwest::Client,
+    contenders: &[(&str, &Workerd); 4],
+) -> [Vec<Duration>; 4] {
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    for i in 0..(REQUESTS + 500) * contenders.len() {
+        let which = i % contenders.len();
+        let (name, workerd) = contenders[which];
+        let took = warm_get(http, &format!("{}/items", workerd.base))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
+        if i >= 500 * contenders.len() {
+            times[which].push(took);
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    times
+}
+
+/// The sequential figures against the first contender, and how many Wasm functions V8 tiered
+/// up in each workerd while they were measured.
+fn print_sequential(
+    what: &str,
+    contenders: &[(&str, &Workerd); 4],
+    times: &[Vec<Duration>; 4],
+    tier_ups: [usize; 4],
+) {
+    println!(
+        "edge latency in workerd on loopback, {REQUESTS} sequential requests each, interleaved: {what}"
+    );
+    let (p50, p99) = (
+        common::percentile_us(&times[0], 0.5),
+        common::percentile_us(&times[0], 0.99),
+    );
+    println!(
+        "  {:<21} p50 {p50:7.0} us   p99 {p99:7.0} us                                   tier-ups {}",
+        contenders[0].0, tier_ups[0]
+    );
+    for (((name, _), t), ups) in contenders.iter().zip(times).zip(tier_ups).skip(1) {
+        let (e50, e99) = (
+            common::percentile_us(t, 0.5),
+            common::percentile_us(t, 0.99),
+        );
+        println!(
+            "  {name:<21} p50 {e50:7.0} us   p99 {e99:7.0} us   added p50 {:+5.0} us   p99 {:+5.0} us   tier-ups {ups}",
+            e50 - p50,
+            e99 - p99
+        );
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let http = reqwest::Client::new();
+    common::workerd::trace_compiles();
     let upstream = Upstream::start().await;
     let mut gateway = GatewayProcess::start(&[]);
     gateway.ready(&http).await;
@@ -138,37 +213,43 @@ async fn main() {
         ("second pass-through", &twin),
     ];
 
-    let mut times: [Vec<Duration>; 4] = Default::default();
-    for i in 0..(REQUESTS + 500) * contenders.len() {
-        let which = i % contenders.len();
-        let url = format!("{}/items", contenders[which].1.base);
-        let took = warm_get(&http, &url)
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", edge.log()));
-        if i >= 500 * contenders.len() {
-            times[which].push(took); // the first 500 of each warm up
+    let mut tier_ups = contenders.map(|(_, w)| w.tier_ups());
+    let young = sequential(&http, &contenders).await;
+    let tiered = |tier_ups: &mut [usize; 4]| {
+        let now = contenders.map(|(_, w)| w.tier_ups());
+        let during = std::array::from_fn(|i| now[i] - tier_ups[i]);
+        *tier_ups = now;
+        during
+    };
+    print_sequential(
+        "a new isolate's first requests, while V8 tiers the module's hot functions up",
+        &contenders,
+        &young,
+        tiered(&mut tier_ups),
+    );
+    let settle = std::env::var("EDGE_SETTLE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(SETTLE);
+    if settle > 0 {
+        let started = Instant::now();
+        for (name, workerd) in contenders {
+            load(&http, &workerd.base, Duration::MAX, settle / CONNECTIONS)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
         }
-    }
-    for t in &mut times {
-        t.sort();
-    }
-    println!(
-        "edge latency in workerd on loopback, {REQUESTS} sequential requests each, interleaved:"
-    );
-    let (p50, p99) = (
-        common::percentile_us(&times[0], 0.5),
-        common::percentile_us(&times[0], 0.99),
-    );
-    println!("  pass-through worker   p50 {p50:7.0} us   p99 {p99:7.0} us");
-    for ((name, _), t) in contenders.iter().zip(&times).skip(1) {
-        let (e50, e99) = (
-            common::percentile_us(t, 0.5),
-            common::percentile_us(t, 0.99),
-        );
         println!(
-            "  {name:<21} p50 {e50:7.0} us   p99 {e99:7.0} us   added p50 {:+5.0} us   p99 {:+5.0} us",
-            e50 - p50,
-            e99 - p99
+            "settled: {settle} more requests each, {CONNECTIONS} in flight ({:.0} s); tier-ups \
+             meanwhile: {:?}",
+            started.elapsed().as_secs_f64(),
+            tiered(&mut tier_ups)
+        );
+        let steady = sequential(&http, &contenders).await;
+        print_sequential(
+            "the same isolates, settled",
+            &contenders,
+            &steady,
+            tiered(&mut tier_ups),
         );
     }
     println!(
@@ -190,7 +271,7 @@ async fn main() {
             let which = (n + k) % contenders.len();
             let (name, workerd) = contenders[which];
             let cpu = workerd.cpu_time();
-            let (rate, t) = round(&http, &workerd.base)
+            let (rate, t) = load(&http, &workerd.base, ROUND, usize::MAX)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
             let cpu = workerd.cpu_time().saturating_sub(cpu);

@@ -96,10 +96,10 @@ async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() 
 /// Two workerd processes with `rules`, ready, with a generous call timeout: the tests that use
 /// them measure the protocol, not a 2-core machine running the client, two workerd processes,
 /// a debug gateway and Redis at once (a call timed out there is decided by the failure mode
-/// and undone by the next).
+/// and undone by the next). Their counters are served at `/__strata/stats`.
 async fn two_edges(s: &Stack, rules: &str) -> (Workerd, Workerd) {
     let mut vars = edge_vars(s, rules);
-    vars.push(("STRATA_TIMEOUT_MS", "5000"));
+    vars.extend([("STRATA_TIMEOUT_MS", "5000"), ("STRATA_DEBUG", "true")]);
     let mut a = Workerd::proxy(&vars);
     let mut b = Workerd::proxy(&vars);
     a.ready().await;
@@ -138,7 +138,16 @@ async fn two_workerd_processes_over_a_limit_ask_about_once_per_freed_unit() {
 async fn two_workerd_processes_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     let s = stack().await;
     let (a, b) = two_edges(&s, &json!({"rules": [paced_rule()]}).to_string()).await;
-    s.paced_row("workerd", [&a.base, &b.base]).await;
+    let failures = || async {
+        let mut failed = 0;
+        for edge in [&a, &b] {
+            let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
+            let stats: Value = serde_json::from_str(&stats).unwrap();
+            failed += stats["origin_failures"].as_u64().unwrap();
+        }
+        failed
+    };
+    s.paced_row("workerd", [&a.base, &b.base], failures).await;
 }
 
 /// The quiet-holder row (`Stack::quiet_holder_row`) through two workerd processes.

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
@@ -50,13 +51,24 @@ fn capnp_text(s: &str) -> String {
     out
 }
 
+/// Whether workerds started from now on log each Wasm function V8 compiles.
+static TRACE_COMPILES: AtomicBool = AtomicBool::new(false);
+
+/// Workerds started after this call log each Wasm function V8 compiles, and with which tier
+/// (`--trace-wasm-compilation-times`, which only prints): a benchmark counts, with
+/// [`Workerd::tier_ups`], the functions tiered up to TurboFan while it measured.
+pub fn trace_compiles() {
+    TRACE_COMPILES.store(true, Ordering::Relaxed);
+}
+
 /// EDGE_V8_FLAGS (space-separated, as `--no-liftoff --trace-gc`) sets a benchmark's V8 flags,
 /// workerd's `v8Flags`: what a part of V8 (its tiers, its collector) costs, turned off in the
 /// same harness.
 fn v8_flags() -> String {
-    std::env::var("EDGE_V8_FLAGS")
-        .unwrap_or_default()
-        .split_whitespace()
+    let traced = TRACE_COMPILES.load(Ordering::Relaxed);
+    let env = std::env::var("EDGE_V8_FLAGS").unwrap_or_default();
+    env.split_whitespace()
+        .chain(traced.then_some("--trace-wasm-compilation-times"))
         .map(capnp_text)
         .collect::<Vec<_>>()
         .join(", ")
@@ -140,15 +152,20 @@ impl Workerd {
         std::fs::write(dir.join("config.capnp"), config).unwrap();
         let log = std::fs::File::create(dir.join("workerd.log")).unwrap();
         // EDGE_CPUS (a taskset list, as in scripts/bench-edge.sh) pins a benchmark's workerds;
-        // taskset execs workerd, so the child's pid stays workerd's.
-        let mut command = match std::env::var("EDGE_CPUS") {
-            Ok(cpus) if !cpus.is_empty() => {
-                let mut taskset = Command::new("taskset");
-                taskset.arg("-c").arg(cpus).arg(binary());
-                taskset
-            }
-            _ => Command::new(binary()),
-        };
+        // taskset and stdbuf exec what they run, so the child's pid stays workerd's.
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Ok(cpus) = std::env::var("EDGE_CPUS").map(|c| c.trim().to_string())
+            && !cpus.is_empty()
+        {
+            argv.extend(["taskset".into(), "-c".into(), cpus.into()]);
+        }
+        if TRACE_COMPILES.load(Ordering::Relaxed) {
+            // V8 prints the trace to stdout, a file here: line-buffered, a count is current.
+            argv.extend(["stdbuf".into(), "-oL".into()]);
+        }
+        argv.push(binary().into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
         let child = command
             .arg("serve")
             .arg(dir.join("config.capnp"))
@@ -171,6 +188,12 @@ impl Workerd {
     /// machine shares its cores.
     pub fn cpu_time(&self) -> Duration {
         super::cpu::cpu_time(self.child.id())
+    }
+
+    /// How many Wasm functions V8 has tiered up to TurboFan in this workerd so far (0 unless
+    /// started after [`trace_compiles`]).
+    pub fn tier_ups(&self) -> usize {
+        self.log().matches(" using TurboFan").count()
     }
 
     /// What workerd and the Worker's `console.log` wrote.

@@ -11,7 +11,10 @@
 //! it over an isolate's first 25,000 or so requests, and each compile takes the CPU a request
 //! would have had (all of it, with the workerd pinned to one core). Each part prints how many
 //! functions each workerd tiered up while it was measured (`--trace-wasm-compilation-times`,
-//! which only prints), so a settled figure shows it was settled. Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
+//! which only prints), so a settled figure shows it was settled. The throughput rounds end with
+//! what each contender allocated in V8's heap a request, and how often it was collected
+//! (`--trace-gc-nvp`, which only prints): with requests in flight, a young-generation
+//! collection pauses all of them, so the p99 follows it. Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
 //! the upstream's response as it came, without the copy that adding headers takes), and a
 //! second pass-through Worker, the control: what it differs from the first by is the harness's
 //! own spread on this machine.
@@ -115,6 +118,16 @@ async fn load(
     Ok((rate, times))
 }
 
+/// What a contender served over the throughput rounds, and what V8's collections logged
+/// meanwhile.
+#[derive(Default)]
+struct Rounds {
+    requests: u64,
+    allocated: u64,
+    scavenges: u64,
+    scavenge_ms: f64,
+}
+
 /// `REQUESTS` sequential requests to each contender in turn, after 500 each to warm up; each
 /// contender's sorted latencies.
 async fn sequential(
@@ -173,7 +186,7 @@ fn print_sequential(
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let http = reqwest::Client::new();
-    common::workerd::trace_compiles();
+    common::workerd::trace_v8();
     let upstream = Upstream::start().await;
     let mut gateway = GatewayProcess::start(&[]);
     gateway.ready(&http).await;
@@ -261,6 +274,8 @@ async fn main() {
     // Per contender after the first: each round's ratio and p99 added, for the medians.
     let mut ratios: [Vec<f64>; 4] = Default::default();
     let mut p99s: [Vec<f64>; 4] = Default::default();
+    // Per contender over the rounds: requests, and what V8's collections logged meanwhile.
+    let mut heaps: [Rounds; 4] = Default::default();
     let rounds = std::env::var("EDGE_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -270,11 +285,16 @@ async fn main() {
         for k in 0..contenders.len() {
             let which = (n + k) % contenders.len();
             let (name, workerd) = contenders[which];
-            let cpu = workerd.cpu_time();
+            let (cpu, heap) = (workerd.cpu_time(), workerd.heap());
             let (rate, t) = load(&http, &workerd.base, ROUND, usize::MAX)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
             let cpu = workerd.cpu_time().saturating_sub(cpu);
+            let now = workerd.heap();
+            heaps[which].requests += t.len() as u64;
+            heaps[which].allocated += now.allocated - heap.allocated;
+            heaps[which].scavenges += now.scavenges - heap.scavenges;
+            heaps[which].scavenge_ms += now.scavenge_ms - heap.scavenge_ms;
             #[allow(clippy::cast_precision_loss)] // a request count
             let cpu_us = cpu.as_secs_f64() * 1e6 / t.len().max(1) as f64;
             results.push((which, rate, t, cpu_us));
@@ -305,6 +325,26 @@ async fn main() {
             median(&mut ratios[which]),
             median(&mut p99s[which])
         );
+    }
+    if rounds > 0 {
+        println!(
+            "V8's heap over the rounds (bytes allocated a request, to within a collection's \
+             worth; young-generation collections, each a pause of every request in flight):"
+        );
+        for ((name, _), h) in contenders.iter().zip(&heaps) {
+            #[allow(clippy::cast_precision_loss)] // counts
+            let (requests, scavenges) = (h.requests.max(1) as f64, h.scavenges as f64);
+            #[allow(clippy::cast_precision_loss)] // a byte count
+            let allocated = h.allocated as f64;
+            println!(
+                "  {name:<21} {:5.0} B a request, {:4.1} scavenges per 10,000 requests, \
+                 {:4.1} ms each, {:4.1} us of pause a request",
+                allocated / requests,
+                scavenges * 10_000.0 / requests,
+                h.scavenge_ms / scavenges.max(1.0),
+                h.scavenge_ms * 1_000.0 / requests,
+            );
+        }
     }
     let dist = common::root().join("edge/dist");
     let wasm = std::fs::metadata(dist.join("strata_edge_bg.wasm"))

@@ -51,24 +51,40 @@ fn capnp_text(s: &str) -> String {
     out
 }
 
-/// Whether workerds started from now on log each Wasm function V8 compiles.
-static TRACE_COMPILES: AtomicBool = AtomicBool::new(false);
+/// Whether workerds started from now on log V8's compiles and collections.
+static TRACE_V8: AtomicBool = AtomicBool::new(false);
 
-/// Workerds started after this call log each Wasm function V8 compiles, and with which tier
-/// (`--trace-wasm-compilation-times`, which only prints): a benchmark counts, with
-/// [`Workerd::tier_ups`], the functions tiered up to TurboFan while it measured.
-pub fn trace_compiles() {
-    TRACE_COMPILES.store(true, Ordering::Relaxed);
+/// Workerds started after this call log each Wasm function V8 compiles, with its tier
+/// (`--trace-wasm-compilation-times`), and each collection, with what was allocated since the
+/// last (`--trace-gc-nvp`); both only print. A benchmark reads, with [`Workerd::tier_ups`] and
+/// [`Workerd::heap`], what V8 did while it measured.
+pub fn trace_v8() {
+    TRACE_V8.store(true, Ordering::Relaxed);
+}
+
+/// What V8's collections have logged so far in one workerd (all its isolates).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Heap {
+    /// Bytes allocated up to the last collection.
+    pub allocated: u64,
+    /// Young-generation collections (scavenges).
+    pub scavenges: u64,
+    /// How long the scavenges paused the isolate, in all (ms).
+    pub scavenge_ms: f64,
 }
 
 /// EDGE_V8_FLAGS (space-separated, as `--no-liftoff --trace-gc`) sets a benchmark's V8 flags,
 /// workerd's `v8Flags`: what a part of V8 (its tiers, its collector) costs, turned off in the
 /// same harness.
 fn v8_flags() -> String {
-    let traced = TRACE_COMPILES.load(Ordering::Relaxed);
+    let traced: &[&str] = if TRACE_V8.load(Ordering::Relaxed) {
+        &["--trace-wasm-compilation-times", "--trace-gc-nvp"]
+    } else {
+        &[]
+    };
     let env = std::env::var("EDGE_V8_FLAGS").unwrap_or_default();
     env.split_whitespace()
-        .chain(traced.then_some("--trace-wasm-compilation-times"))
+        .chain(traced.iter().copied())
         .map(capnp_text)
         .collect::<Vec<_>>()
         .join(", ")
@@ -159,7 +175,7 @@ impl Workerd {
         {
             argv.extend(["taskset".into(), "-c".into(), cpus.into()]);
         }
-        if TRACE_COMPILES.load(Ordering::Relaxed) {
+        if TRACE_V8.load(Ordering::Relaxed) {
             // V8 prints the trace to stdout, a file here: line-buffered, a count is current.
             argv.extend(["stdbuf".into(), "-oL".into()]);
         }
@@ -191,9 +207,34 @@ impl Workerd {
     }
 
     /// How many Wasm functions V8 has tiered up to TurboFan in this workerd so far (0 unless
-    /// started after [`trace_compiles`]).
+    /// started after [`trace_v8`]).
     pub fn tier_ups(&self) -> usize {
         self.log().matches(" using TurboFan").count()
+    }
+
+    /// What V8's collections in this workerd have logged so far (nothing unless started after
+    /// [`trace_v8`]). A collection reports what was allocated since the one before, so a
+    /// difference of two readings is short by what the last collection has not yet seen.
+    pub fn heap(&self) -> Heap {
+        // One line a collection: `GC: {"pause":2.0,...,"gc":"s",...,"allocated":1462948,...}`.
+        let field = |line: &str, name: &str| -> f64 {
+            let Some((_, at)) = line.split_once(&format!("\"{name}\":")) else {
+                return 0.0;
+            };
+            let end = at.find([',', '}']).unwrap_or(at.len());
+            at[..end].parse().unwrap_or(0.0)
+        };
+        let mut heap = Heap::default();
+        for line in self.log().lines().filter(|l| l.contains("GC: {")) {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a byte count
+            let allocated = field(line, "allocated") as u64;
+            heap.allocated += allocated;
+            if line.contains("\"gc\":\"s\"") {
+                heap.scavenges += 1;
+                heap.scavenge_ms += field(line, "pause");
+            }
+        }
+        heap
     }
 
     /// What workerd and the Worker's `console.log` wrote.

@@ -299,10 +299,10 @@ function headerText(headers, names) {
 
 function setHeaders(target, text) {
   for (let at = 0; at < text.length; ) {
-    const colon = text.indexOf("\n", at);
-    const end = text.indexOf("\n", colon + 1);
-    if (colon < 0 || end < 0) return;
-    target.set(text.slice(at, colon), text.slice(colon + 1, end));
+    const nameEnd = text.indexOf("\n", at);
+    const end = text.indexOf("\n", nameEnd + 1);
+    if (nameEnd < 0 || end < 0) return;
+    target.set(text.slice(at, nameEnd), text.slice(nameEnd + 1, end));
     at = end + 1;
   }
 }

@@ -212,11 +212,12 @@ async fn two_envoys_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     let s = stack().await;
     let a = envoy(&s, &json!([paced_rule()]), &json!({})).await;
     let b = envoy(&s, &json!([paced_rule()]), &json!({})).await;
-    let failures = || async {
-        a.stat(&s.http, "strata.origin.failures").await
-            + b.stat(&s.http, "strata.origin.failures").await
+    let counters = || async {
+        let (x, y) = (a.filter_stats(&s.http).await, b.filter_stats(&s.http).await);
+        let failed = x.get("strata.origin.failures") + y.get("strata.origin.failures");
+        (failed, format!("{x:?} {y:?}"))
     };
-    s.paced_row("Envoy", [&a.base, &b.base], failures).await;
+    s.paced_row("Envoy", [&a.base, &b.base], counters).await;
 }
 
 /// The rivals row (`Stack::rivals_row`) through two Envoys (two workers each).

@@ -138,16 +138,17 @@ async fn two_workerd_processes_over_a_limit_ask_about_once_per_freed_unit() {
 async fn two_workerd_processes_paced_at_a_limit_keep_their_pace_from_covering_leases() {
     let s = stack().await;
     let (a, b) = two_edges(&s, &json!({"rules": [paced_rule()]}).to_string()).await;
-    let failures = || async {
-        let mut failed = 0;
+    let counters = || async {
+        let (mut failed, mut all) = (0, String::new());
         for edge in [&a, &b] {
             let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
-            let stats: Value = serde_json::from_str(&stats).unwrap();
-            failed += stats["origin_failures"].as_u64().unwrap();
+            let parsed: Value = serde_json::from_str(&stats).unwrap();
+            failed += parsed["origin_failures"].as_u64().unwrap();
+            all += &stats;
         }
-        failed
+        (failed, all)
     };
-    s.paced_row("workerd", [&a.base, &b.base], failures).await;
+    s.paced_row("workerd", [&a.base, &b.base], counters).await;
 }
 
 /// The quiet-holder row (`Stack::quiet_holder_row`) through two workerd processes.

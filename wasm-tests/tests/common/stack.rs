@@ -392,15 +392,16 @@ impl Stack {
     /// there once and reached the upstream. The region is alone, so the shells pace their
     /// replays by the gateway's answers: at most 2 replay calls a process a second.
     ///
-    /// A decision call whose answer is lost (`failures` reads the two processes' failed calls
-    /// so far) is decided by the failure mode from memory, which counts that pass again until
-    /// the process's next call for the cell undoes it (docs/ARCHITECTURE.md, "A decision whose
-    /// answer is lost"): the gateway's count may exceed the passes by one per failed call, never
-    /// more, and never fall short of them.
-    pub async fn paced_row<F, Fut>(&self, runtime: &str, bases: [&str; 2], failures: F)
+    /// A decision call whose answer is lost is decided by the failure mode from memory, which
+    /// counts that pass again until the process's next call for the cell undoes it
+    /// (docs/ARCHITECTURE.md, "A decision whose answer is lost"): the gateway's count may
+    /// exceed the passes by one per failed call, never more, and never fall short of them.
+    /// `counters` reads the two processes' failed decision calls so far, and all their
+    /// counters as text for a failure's report.
+    pub async fn paced_row<F, Fut>(&self, runtime: &str, bases: [&str; 2], counters: F)
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = u64>,
+        Fut: std::future::Future<Output = (u64, String)>,
     {
         const RUN: Duration = Duration::from_secs(6);
         let key = format!("paced-{}-{}", std::process::id(), now_ms());
@@ -416,7 +417,7 @@ impl Stack {
         .await;
         let (before, hits) = (self.decide_calls().await, self.upstream.hits());
         let replays_before = self.replay_calls().await;
-        let failed_before = failures().await;
+        let (failed_before, _) = counters().await;
         let first = now_ms() / PACED_WINDOW_MS;
         // When the clients' last request was answered (0: still running).
         let ended = std::sync::atomic::AtomicU64::new(0);
@@ -450,7 +451,8 @@ impl Stack {
         let ((sent, passed), counts) = tokio::join!(clients, windows);
         let decides = self.decide_calls().await - before;
         let replays = self.replay_calls().await - replays_before;
-        let failed = failures().await - failed_before;
+        let (failed, shells) = counters().await;
+        let failed = failed - failed_before;
         let per_1000 = decides as f64 * 1_000.0 / sent as f64;
         let replays_per_s = replays / 2.0 / RUN.as_secs_f64();
         println!(
@@ -465,7 +467,7 @@ impl Stack {
         let counted = counts.iter().sum::<u64>();
         assert!(
             counted >= passed && counted <= passed + failed,
-            "{runtime}: counted once each: {counted} counted, {passed} admitted, {failed} decision calls failed"
+            "{runtime}: counted once each: {counted} counted, {passed} admitted, {failed} decision calls failed; the processes' counters: {shells}"
         );
         assert_eq!(
             self.upstream.hits() - hits,

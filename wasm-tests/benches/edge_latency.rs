@@ -14,10 +14,12 @@
 //! which only prints), so a settled figure shows it was settled. The throughput rounds end with
 //! what each contender allocated in V8's heap a request, and how often it was collected
 //! (`--trace-gc-nvp`, which only prints): with requests in flight, a young-generation
-//! collection pauses all of them, so the p99 follows it. Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns
-//! the upstream's response as it came, without the copy that adding headers takes), and a
-//! second pass-through Worker, the control: what it differs from the first by is the harness's
-//! own spread on this machine.
+//! collection pauses all of them, so the p99 follows it.
+//!
+//! Beside the edge: the edge with `STRATA_HEADERS_ON_PASS=false` (a pass returns the upstream's
+//! response as it came, without the copy that adding headers takes), and a second pass-through
+//! Worker, the control: what it differs from the first by is the harness's own spread on this
+//! machine.
 //!
 //! With requests in flight the load is a closed loop: the mean latency is `CONNECTIONS` over
 //! the throughput (Little's law), so a contender at 0.85x of the pass-through's requests/s

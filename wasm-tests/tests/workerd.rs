@@ -93,6 +93,12 @@ async fn the_limit_is_enforced_replayed_to_redis_and_seen_by_a_second_workerd() 
     assert_eq!(status, 200);
 }
 
+/// The counters an edge run with `STRATA_DEBUG=true` serves at `/__strata/stats`.
+async fn edge_stats(http: &reqwest::Client, edge: &Workerd) -> Value {
+    let (_, _, stats) = get(http, &format!("{}/__strata/stats", edge.base), &[]).await;
+    serde_json::from_str(&stats).unwrap()
+}
+
 /// Two workerd processes with `rules`, ready, with a generous call timeout: the tests that use
 /// them measure the protocol, not a 2-core machine running the client, two workerd processes,
 /// a debug gateway and Redis at once (a call timed out there is decided by the failure mode
@@ -139,14 +145,10 @@ async fn two_workerd_processes_paced_at_a_limit_keep_their_pace_from_covering_le
     let s = stack().await;
     let (a, b) = two_edges(&s, &json!({"rules": [paced_rule()]}).to_string()).await;
     let counters = || async {
-        let (mut failed, mut all) = (0, String::new());
-        for edge in [&a, &b] {
-            let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
-            let parsed: Value = serde_json::from_str(&stats).unwrap();
-            failed += parsed["origin_failures"].as_u64().unwrap();
-            all += &stats;
-        }
-        (failed, all)
+        let (x, y) = (edge_stats(&s.http, &a).await, edge_stats(&s.http, &b).await);
+        let failed =
+            x["origin_failures"].as_u64().unwrap() + y["origin_failures"].as_u64().unwrap();
+        (failed, format!("{x} {y}"))
     };
     s.paced_row("workerd", [&a.base, &b.base], counters).await;
 }
@@ -534,8 +536,7 @@ async fn remote_address_counts_the_trusted_address_whatever_a_client_invents() {
             }
         })
         .await;
-        let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
-        let stats: Value = serde_json::from_str(&stats).unwrap();
+        let stats = edge_stats(&s.http, &edge).await;
         let unaddressed = if case.source == "none" { case.sent } else { 0 };
         assert_eq!(
             stats["requests_unaddressed"], unaddressed,
@@ -634,8 +635,7 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
     let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
     let sent = steady_use(&s, &format!("{}/items", edge.base)).await;
-    let (_, _, stats) = get(&s.http, &format!("{}/__strata/stats", edge.base), &[]).await;
-    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let stats = edge_stats(&s.http, &edge).await;
     assert_eq!(stats["requests"], sent, "{stats}");
     assert_eq!(
         stats["decided"]["origin"], 1,

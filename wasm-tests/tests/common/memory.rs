@@ -222,7 +222,7 @@ where
 /// missing; one more than admitted is allowed only for a decision call that failed (past
 /// `since`): one the gateway applied after the shell stopped waiting, when no later call on
 /// the key carried its undo, is counted once there and once as the pass the failure mode
-/// made (an over-count, never a loss; see the closing note of issue 39).
+/// made (an over-count, never a loss: docs/ARCHITECTURE.md, "A decision whose answer is lost").
 async fn accounted<F, Fut>(
     s: &Stack,
     runtime: &str,

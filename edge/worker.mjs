@@ -32,9 +32,11 @@ initSync({ module: wasmModule });
 
 const isolate = { env: null, key: null, state: null };
 const RULES_NONE = '{"rules":[]}';
-// What `Edge.start` answers: the request waits, passes or is denied.
+// What `Edge.start` answers: the request waits, passes, is denied, or is refused (a client
+// error: `edge.refusal` says why).
 const WAITING = 0;
 const PASS = 1;
+const REFUSED = 3;
 // The debug counters' path; a URL is parsed to match it only when the text holds it.
 const STATS = "/__strata/stats";
 // How often a request waiting for the gateway looks for its decision.
@@ -203,10 +205,6 @@ function arm(state, ctx) {
   }));
 }
 
-// What the module refused of a request (a cost header out of bounds, a key it cannot hold):
-// the client's error, a 400. Anything else thrown on the way is the edge's own, a 500.
-class RequestError extends Error {}
-
 // The module's current reply as plain values: whether it passes, its headers, and a denial's
 // status and body; with `full`, the binding's numbers too. A warm pass reads one string.
 function replyOf(edge, full, allowed = edge.reply_allowed) {
@@ -223,21 +221,19 @@ function replyOf(edge, full, allowed = edge.reply_allowed) {
   return reply;
 }
 
-// A request through the module: its reply now, or, when it waits for the gateway, a promise
-// of it, resolved once the gateway (or the deadline) decides (`full`: with the binding's
-// numbers). A request decided now allocates no promise and drains the module only if it has
-// something to drain. A request that waits picks its reply up itself, on a timer of its own:
-// were another request to resolve a promise it awaits, its code after that could run in the
-// other request's context, and workerd refuses a request's I/O (its upstream fetch) from
-// another's.
-function decide(state, ctx, start, full) {
-  const id = (state.nextId = (state.nextId + 1) >>> 0);
-  let verdict;
-  try {
-    verdict = start(id);
-  } catch (e) {
-    throw new RequestError(String(e.message || e));
-  }
+// The next request id.
+function nextId(state) {
+  return (state.nextId = (state.nextId + 1) >>> 0);
+}
+
+// A request `id` the module did not refuse, given its `verdict`: its reply now, or, when it
+// waits for the gateway, a promise of it, resolved once the gateway (or the deadline) decides
+// (`full`: with the binding's numbers). A request decided now allocates no promise and drains
+// the module only if it has something to drain. A request that waits picks its reply up
+// itself, on a timer of its own: were another request to resolve a promise it awaits, its
+// code after that could run in the other request's context, and workerd refuses a request's
+// I/O (its upstream fetch) from another's.
+function decide(state, ctx, id, verdict, full) {
   if (verdict !== WAITING) {
     const reply = replyOf(state.edge, full, verdict === PASS); // before a drain replaces it
     if (state.edge.wants_pump()) pump(state, ctx);
@@ -288,7 +284,9 @@ function peerOf(request) {
 
 // Headers cross into and out of Wasm as one string, `name\nvalue\n` per header (a header
 // can hold no newline), so a request costs one copy each way; only the ones the rules read.
-function headerText(headers, names) {
+function headerText(request, names) {
+  if (names.length === 0) return ""; // not even the Headers object, made on first access
+  const headers = request.headers;
   let text = "";
   for (const name of names) {
     const value = headers.get(name);
@@ -314,25 +312,33 @@ async function proxy(request, env, ctx) {
   if (state.debug && url.includes(STATS) && new URL(url).pathname === STATS) {
     return json(200, JSON.parse(state.edge.stats()));
   }
-  let reply;
+  // A pass decided at once, the warm path, is read as its headers alone: no reply object.
+  let headers;
   try {
-    reply = decide(state, ctx, (id) =>
-      state.edge.start(
-        id, request.method, url, headerText(request.headers, state.headerNames),
-        state.readsPeer ? peerOf(request) : undefined, Date.now(),
-      ),
+    const edge = state.edge;
+    const id = nextId(state);
+    const verdict = edge.start(
+      id, request.method, url, headerText(request, state.headerNames),
+      state.readsPeer ? peerOf(request) : undefined, Date.now(),
     );
-    if (reply instanceof Promise) reply = await reply;
+    if (verdict === REFUSED) return errorResponse(400, "invalid_request", edge.refusal);
+    if (verdict === PASS) {
+      headers = edge.reply_headers; // before a drain replaces it
+      if (edge.wants_pump()) pump(state, ctx);
+    } else {
+      let reply = decide(state, ctx, id, verdict, false);
+      if (reply instanceof Promise) reply = await reply;
+      if (!reply.allowed) {
+        const response = new Response(reply.body, { status: reply.status });
+        response.headers.set("content-type", "application/json");
+        setHeaders(response.headers, reply.headers);
+        return response;
+      }
+      headers = reply.headers;
+    }
   } catch (e) {
-    if (e instanceof RequestError) return errorResponse(400, "invalid_request", e.message);
     log("error", "the edge failed a request", { error: String(e.stack || e) });
     return errorResponse(500, "internal", "the rate limiter failed; see the Worker's log");
-  }
-  if (!reply.allowed) {
-    const response = new Response(reply.body, { status: reply.status });
-    response.headers.set("content-type", "application/json");
-    setHeaders(response.headers, reply.headers);
-    return response;
   }
   let upstream;
   try {
@@ -341,9 +347,9 @@ async function proxy(request, env, ctx) {
     log("warn", "upstream unreachable", { error: String(e.message || e) });
     return errorResponse(502, "upstream_unavailable", `the upstream could not be reached: ${e.message || e}`);
   }
-  if (!reply.headers) return upstream; // nothing to add: no copy of the response
+  if (!headers) return upstream; // nothing to add: no copy of the response
   const response = new Response(upstream.body, upstream);
-  setHeaders(response.headers, reply.headers);
+  setHeaders(response.headers, headers);
   return response;
 }
 
@@ -364,10 +370,12 @@ export function withLimiters(limiters, handler) {
             if (typeof key !== "string" || key === "") {
               throw new TypeError(`${name}.limit: key must be a non-empty string`);
             }
-            const reply = await decide(state, ctx, (id) =>
-              state.edge.start_key(id, spec.namespace ?? name, key, spec.limit, spec.period * 1000, cost, Date.now()),
-              true,
+            const id = nextId(state);
+            const verdict = state.edge.start_key(
+              id, spec.namespace ?? name, key, spec.limit, spec.period * 1000, cost, Date.now(),
             );
+            if (verdict === REFUSED) throw new RangeError(`${name}.limit: ${state.edge.refusal}`);
+            const reply = await decide(state, ctx, id, verdict, true);
             return { success: reply.allowed, limit: reply.limit, remaining: reply.remaining, reset: reply.reset };
           },
         };

@@ -36,6 +36,10 @@ pub const WAITING: u8 = 0;
 pub const PASS: u8 = 1;
 /// [`Edge::start`]'s answer: the request is denied (the current reply holds its answer).
 pub const DENY: u8 = 2;
+/// [`Edge::start`]'s answer: the request is refused, a client error ([`Edge::refusal`] says
+/// why). A number rather than a thrown error: a `Result` crosses into JavaScript as an array,
+/// one more allocation on every request.
+pub const REFUSED: u8 = 3;
 
 /// One isolate's limiter: the driver and the table it decides on.
 #[wasm_bindgen]
@@ -47,6 +51,8 @@ pub struct Edge {
     reply: EdgeReply,
     /// The deadline [`Edge::next_deadline`] last reported: JavaScript has a timer for it.
     seen_deadline: Option<u64>,
+    /// Why the last request [`REFUSED`] was.
+    refusal: String,
 }
 
 /// What to answer a request: status, headers, body.
@@ -108,13 +114,13 @@ fn whole(x: f64) -> u64 {
 }
 
 /// A non-negative whole number from JavaScript, or an error naming `what`.
-fn count(x: f64, what: &str) -> Result<u64, JsError> {
+fn count(x: f64, what: &str) -> Result<u64, String> {
     if x.is_finite() && x >= 0.0 && x.fract() == 0.0 && x <= MAX_SAFE {
         Ok(whole(x))
     } else {
-        Err(JsError::new(&format!(
+        Err(format!(
             "{what} must be a whole number from 0 to 2^53-1, not {x}"
-        )))
+        ))
     }
 }
 
@@ -168,9 +174,40 @@ impl Edge {
         }
     }
 
+    /// A request's outcome: its verdict, or [`REFUSED`] with the reason kept.
+    fn outcome(&mut self, started: Result<Started, String>) -> u8 {
+        match started {
+            Ok(started) => self.verdict(started),
+            Err(why) => {
+                self.refusal = why;
+                REFUSED
+            }
+        }
+    }
+
     /// The current reply, whole (for Rust callers: the tests).
     pub fn take_reply(&mut self) -> EdgeReply {
         core::mem::take(&mut self.reply)
+    }
+
+    fn subject(
+        namespace: &str,
+        key: &str,
+        limit: f64,
+        duration_ms: f64,
+        cost: f64,
+    ) -> Result<Subject, String> {
+        let duration = WindowDuration::from_ms(count(duration_ms, "period")?)
+            .map_err(|e| format!("period: {e}"))?;
+        Ok(Subject {
+            name: namespace.to_string(),
+            namespace: namespace.to_string(),
+            identifier: identifier_for(key.to_string()),
+            limit: count(limit, "limit")?,
+            duration,
+            cost: count(cost, "cost")?,
+            shadow: false,
+        })
     }
 }
 
@@ -191,8 +228,12 @@ impl Edge {
         let gate = Gate::from_json(LOCAL_WORKSPACE, rules, options)
             .map_err(|e| JsError::new(&e.to_string()))?;
         let config = DriverConfig {
-            timeout_ms: count(timeout_ms, "timeout")?.max(1),
-            replay_interval_ms: count(replay_delay_ms, "replay delay")?.max(1),
+            timeout_ms: count(timeout_ms, "timeout")
+                .map_err(|e| JsError::new(&e))?
+                .max(1),
+            replay_interval_ms: count(replay_delay_ms, "replay delay")
+                .map_err(|e| JsError::new(&e))?
+                .max(1),
             unaddressed_counter: "/__strata/stats requests_unaddressed".to_string(),
         };
         let store = TableStore {
@@ -204,6 +245,7 @@ impl Edge {
             store,
             reply: EdgeReply::default(),
             seen_deadline: None,
+            refusal: String::new(),
         })
     }
 
@@ -233,8 +275,8 @@ impl Edge {
     /// (the reply is then the current one), else [`WAITING`] (the reply comes out of
     /// [`poll_decision`](Self::poll_decision)). `headers` is
     /// `name\nvalue\n` per header, names in lower case (those of
-    /// [`header_names`](Self::header_names) suffice). Throws (a client error, `400`) when a
-    /// cost header is out of bounds or a descriptor is too long.
+    /// [`header_names`](Self::header_names) suffice). [`REFUSED`] (a client error, `400`)
+    /// when a cost header is out of bounds or a descriptor is too long.
     pub fn start(
         &mut self,
         id: u32,
@@ -243,13 +285,13 @@ impl Edge {
         headers: &str,
         peer: Option<String>,
         now_ms: f64,
-    ) -> Result<u8, JsError> {
+    ) -> u8 {
         let request = JsRequest::new(method, url, headers, peer.as_deref());
         let started = self
             .driver
             .request(&mut self.store, u64::from(id), &request, whole(now_ms))
-            .map_err(|e| JsError::new(&e.to_string()))?;
-        Ok(self.verdict(started))
+            .map_err(|e| e.to_string());
+        self.outcome(started)
     }
 
     /// Binding mode: a request of one limit on `key` (Cloudflare's `limit({ key, cost })`),
@@ -264,23 +306,19 @@ impl Edge {
         duration_ms: f64,
         cost: f64,
         now_ms: f64,
-    ) -> Result<u8, JsError> {
-        let duration = WindowDuration::from_ms(count(duration_ms, "period")?)
-            .map_err(|e| JsError::new(&format!("period: {e}")))?;
-        let subject = Subject {
-            name: namespace.to_string(),
-            namespace: namespace.to_string(),
-            identifier: identifier_for(key.to_string()),
-            limit: count(limit, "limit")?,
-            duration,
-            cost: count(cost, "cost")?,
-            shadow: false,
-        };
-        let started = self
-            .driver
-            .request_limits(&mut self.store, u64::from(id), vec![subject], whole(now_ms))
-            .map_err(|e| JsError::new(&e.message))?;
-        Ok(self.verdict(started))
+    ) -> u8 {
+        let started = Self::subject(namespace, key, limit, duration_ms, cost).and_then(|s| {
+            self.driver
+                .request_limits(&mut self.store, u64::from(id), vec![s], whole(now_ms))
+                .map_err(|e| e.message)
+        });
+        self.outcome(started)
+    }
+
+    /// Why the last request [`REFUSED`] was.
+    #[wasm_bindgen(getter)]
+    pub fn refusal(&self) -> String {
+        self.refusal.clone()
     }
 
     /// The gateway answered call `call` with `status` and `body`.

@@ -33,6 +33,9 @@
 //!     EDGE_ROUNDS=0 EDGE_V8_FLAGS=--no-liftoff EDGE_CPUS=0 taskset -c 1 cargo bench -p strata-wasm-tests --bench edge_latency
 //!
 //! `EDGE_ROUNDS` sets the number of throughput rounds (0: the sequential parts only).
+//! `EDGE_CONTROL` (a path from the repository's root) runs another Worker as the fourth
+//! contender: `wasm-tests/bench/passthrough_headers.mjs` is the pass-through that adds two
+//! `RateLimit` headers to each response as the edge does, with no limiter at all.
 //! `EDGE_SETTLE` sets the requests between the two sequential parts (0: the first only).
 //! `EDGE_VARS` (`NAME=value` pairs, space-separated) sets more variables of both edges, or
 //! replaces the bench's own (`STRATA_RULES`): what a part of the edge's path adds, by turning
@@ -217,7 +220,10 @@ async fn main() {
     let mut plain = Workerd::example_from(&passthrough, &plain_vars);
     // The control: a second pass-through, identical to the first. What it "adds" to the first
     // is the harness's own spread, the resolution every other figure is read against.
-    let mut twin = Workerd::example_from(&passthrough, &plain_vars);
+    // `EDGE_CONTROL` names another Worker in its place (one that only adds headers, say).
+    let control =
+        std::env::var("EDGE_CONTROL").map_or(passthrough.clone(), |p| common::root().join(p));
+    let mut twin = Workerd::example_from(&control, &plain_vars);
     for w in [&mut edge, &mut bare_passes, &mut plain, &mut twin] {
         w.ready().await;
     }
@@ -225,7 +231,14 @@ async fn main() {
         ("pass-through", &plain),
         ("strata edge (warm)", &edge),
         ("without pass headers", &bare_passes),
-        ("second pass-through", &twin),
+        (
+            if control == passthrough {
+                "second pass-through"
+            } else {
+                "control (EDGE_CONTROL)"
+            },
+            &twin,
+        ),
     ];
 
     let mut tier_ups = contenders.map(|(_, w)| w.tier_ups());
@@ -276,6 +289,9 @@ async fn main() {
     // Per contender after the first: each round's ratio and p99 added, for the medians.
     let mut ratios: [Vec<f64>; 4] = Default::default();
     let mut p99s: [Vec<f64>; 4] = Default::default();
+    // Per contender: every round's latencies, for percentiles over all of them (a round's p99
+    // rests on its slowest hundred requests, a few collections' worth).
+    let mut pooled: [Vec<Duration>; 4] = Default::default();
     // Per contender over the rounds: requests, and what V8's collections logged meanwhile.
     let mut heaps: [Rounds; 4] = Default::default();
     let rounds = std::env::var("EDGE_ROUNDS")
@@ -317,6 +333,7 @@ async fn main() {
             );
             ratios[*which].push(rate / base_rate);
             p99s[*which].push(p99 - base_p99);
+            pooled[*which].extend_from_slice(t);
         }
         println!("{line}");
     }
@@ -329,6 +346,27 @@ async fn main() {
         );
     }
     if rounds > 0 {
+        for p in &mut pooled {
+            p.sort();
+        }
+        let at = |which: usize, q: f64| common::percentile_us(&pooled[which], q);
+        println!(
+            "all rounds' requests together (the control's difference is the harness's spread):"
+        );
+        for (which, (name, _)) in contenders.iter().enumerate() {
+            let added = |q: f64| at(which, q) - at(0, q);
+            println!(
+                "  {name:<21} {:6} requests  p50 {:5.0} us ({:+5.0})  p99 {:6.0} us ({:+6.0})  \
+                 p99.9 {:6.0} us ({:+6.0})",
+                pooled[which].len(),
+                at(which, 0.5),
+                added(0.5),
+                at(which, 0.99),
+                added(0.99),
+                at(which, 0.999),
+                added(0.999),
+            );
+        }
         println!(
             "V8's heap over the rounds (bytes allocated a request, to within a collection's \
              worth; young-generation collections, each a pause of every request in flight):"

@@ -39,17 +39,15 @@ fn edge(limit: u64, options: &str) -> Edge {
 /// A request from `ip` as workerd reports the connection (`request.cf.clientIp`, with port);
 /// the X-Forwarded-For a client wrote is not the address. Its reply, if decided at once.
 fn start(edge: &mut Edge, id: u32, path: &str, ip: &str) -> Option<EdgeReply> {
-    let verdict = edge
-        .start(
-            id,
-            "GET",
-            &format!("https://example.com{path}"),
-            "x-forwarded-for\n6.6.6.6\n",
-            Some(format!("{ip}:50123")),
-            NOW,
-        )
-        .map_err(JsValue::from)
-        .unwrap();
+    let verdict = edge.start(
+        id,
+        "GET",
+        &format!("https://example.com{path}"),
+        "x-forwarded-for\n6.6.6.6\n",
+        Some(format!("{ip}:50123")),
+        NOW,
+    );
+    assert_ne!(verdict, strata_edge::REFUSED, "{}", edge.refusal());
     (verdict != strata_edge::WAITING).then(|| edge.take_reply())
 }
 
@@ -391,25 +389,23 @@ fn invalid_configuration_and_bad_requests_are_errors_not_traps() {
     let costly = json!({"rules": [{"namespace": "c", "limit": 9, "duration": "1m",
         "cost": {"header": "x-cost", "max": 5}, "actions": [{"generic_key": {"descriptor_value": "k"}}]}]});
     let mut e = Edge::new(&costly.to_string(), "", "t", 250.0, 50.0).unwrap();
-    let err = e
-        .start(1, "GET", "https://h/", "x-cost\n6\n", None, NOW)
-        .unwrap_err();
-    assert!(message(err).contains("x-cost"));
-    let err = e
-        .start_key(2, "login", "k", 3.0, 60_000.0, -1.0, NOW)
-        .unwrap_err();
-    assert!(message(err).contains("cost"));
+    let refused = e.start(1, "GET", "https://h/", "x-cost\n6\n", None, NOW);
+    assert_eq!(refused, strata_edge::REFUSED);
+    assert!(e.refusal().contains("x-cost"), "{}", e.refusal());
+    let refused = e.start_key(2, "login", "k", 3.0, 60_000.0, -1.0, NOW);
+    assert_eq!(refused, strata_edge::REFUSED);
+    assert!(e.refusal().contains("cost"), "{}", e.refusal());
+    // A refusal is the request's, not the edge's: the next one within bounds goes on.
+    let first = e.start(3, "GET", "https://h/", "x-cost\n1\n", None, NOW);
+    assert_ne!(first, strata_edge::REFUSED, "{}", e.refusal());
 }
 
 #[wasm_bindgen_test]
 fn a_binding_key_of_any_length_is_keyed_by_its_digest() {
     let mut e = edge(10, "");
     let long = "k".repeat(4_000);
-    let r = e
-        .start_key(1, "login", &long, 3.0, 60_000.0, 1.0, NOW)
-        .map_err(JsValue::from)
-        .unwrap();
-    assert_eq!(r, strata_edge::WAITING);
+    let r = e.start_key(1, "login", &long, 3.0, 60_000.0, 1.0, NOW);
+    assert_eq!(r, strata_edge::WAITING, "{}", e.refusal());
     let call: Value = serde_json::from_str(&calls(&mut e)[0].body).unwrap();
     let id = call["limits"][0]["identifier"].as_str().unwrap();
     assert_eq!(id, strata_core::identity::identifier_for(long));

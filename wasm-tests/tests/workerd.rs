@@ -351,6 +351,54 @@ async fn binding_mode_answers_like_the_cloudflare_binding() {
     assert_eq!(status, 200, "another key has its own limit");
 }
 
+/// A binding call the module refuses (a cost that is no whole number) throws a `RangeError`
+/// naming the binding and the field, for the Worker to catch; nothing is counted, and the
+/// next call goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_call_the_module_refuses_throws_a_range_error() {
+    let s = stack().await;
+    let dir = std::env::temp_dir().join(format!("strata-binding-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let main = dir.join("costly.mjs");
+    std::fs::write(
+        &main,
+        r#"import { withLimiters } from "./worker.mjs";
+export default withLimiters({ LOGIN: { namespace: "login", limit: 3, period: 60 } }, {
+  async fetch(request, env) {
+    const params = new URL(request.url).searchParams;
+    try {
+      const r = await env.LOGIN.limit({ key: params.get("user"), cost: Number(params.get("cost")) });
+      return Response.json(r, { status: r.success ? 200 : 429 });
+    } catch (e) {
+      return Response.json({ kind: e.constructor.name, message: e.message }, { status: 400 });
+    }
+  },
+});
+"#,
+    )
+    .unwrap();
+    let mut edge = Workerd::example_from(&main, &[("STRATA_GATEWAY_URL", s.gateway())]);
+    edge.ready().await;
+    let user = format!("refused-{}", now_ms());
+    let url = |cost: &str| format!("{}/?user={user}&cost={cost}", edge.base);
+    for cost in ["-1", "1.5", "NaN"] {
+        let (status, _, body) = get(&s.http, &url(cost), &[]).await;
+        assert_eq!(status, 400, "cost {cost}: {body}");
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["kind"], "RangeError", "cost {cost}: {body}");
+        let message = r["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("LOGIN.limit: cost must be a whole number"),
+            "cost {cost}: {message}"
+        );
+    }
+    let (status, _, body) = get(&s.http, &url("3"), &[]).await;
+    assert_eq!(status, 200, "the whole limit is left: {body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["remaining"], 0, "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The failure-mode table (`common::conformance`, the same figures as the gateway's and
 /// Envoy's) through workerd whose gateway URL is a port nothing listens on, or one that never
 /// answers.

@@ -326,8 +326,7 @@ async function proxy(request, env, ctx) {
       headers = edge.reply_headers; // before a drain replaces it
       if (edge.wants_pump()) pump(state, ctx);
     } else {
-      let reply = decide(state, ctx, id, verdict, false);
-      if (reply instanceof Promise) reply = await reply;
+      const reply = await decide(state, ctx, id, verdict, false); // a denial, or a wait
       if (!reply.allowed) {
         const response = new Response(reply.body, { status: reply.status });
         response.headers.set("content-type", "application/json");

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use common::process::GatewayProcess;
 use common::upstream::Upstream;
-use common::workerd::Workerd;
+use common::workerd::{Heap, Workerd};
 
 const REQUESTS: usize = 5_000;
 /// Requests in flight in a throughput round.
@@ -128,9 +128,7 @@ async fn load(
 #[derive(Default)]
 struct Rounds {
     requests: u64,
-    allocated: u64,
-    scavenges: u64,
-    scavenge_ms: f64,
+    heap: Heap,
 }
 
 /// `REQUESTS` sequential requests to each contender in turn, after 500 each to warm up; each
@@ -308,11 +306,8 @@ async fn main() {
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}\n{}", workerd.log()));
             let cpu = workerd.cpu_time().saturating_sub(cpu);
-            let now = workerd.heap();
             heaps[which].requests += t.len() as u64;
-            heaps[which].allocated += now.allocated - heap.allocated;
-            heaps[which].scavenges += now.scavenges - heap.scavenges;
-            heaps[which].scavenge_ms += now.scavenge_ms - heap.scavenge_ms;
+            heaps[which].heap.add_between(heap, workerd.heap());
             #[allow(clippy::cast_precision_loss)] // a request count
             let cpu_us = cpu.as_secs_f64() * 1e6 / t.len().max(1) as f64;
             results.push((which, rate, t, cpu_us));
@@ -371,9 +366,9 @@ async fn main() {
             "V8's heap over the rounds (bytes allocated a request, to within a collection's \
              worth; young-generation collections, each a pause of every request in flight):"
         );
-        for ((name, _), h) in contenders.iter().zip(&heaps) {
+        for ((name, _), Rounds { requests, heap: h }) in contenders.iter().zip(&heaps) {
             #[allow(clippy::cast_precision_loss)] // counts
-            let (requests, scavenges) = (h.requests.max(1) as f64, h.scavenges as f64);
+            let (requests, scavenges) = ((*requests).max(1) as f64, h.scavenges as f64);
             #[allow(clippy::cast_precision_loss)] // a byte count
             let allocated = h.allocated as f64;
             println!(

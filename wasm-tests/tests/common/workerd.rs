@@ -73,6 +73,15 @@ pub struct Heap {
     pub scavenge_ms: f64,
 }
 
+impl Heap {
+    /// Adds what was logged between reading `before` and reading `now`.
+    pub fn add_between(&mut self, before: Heap, now: Heap) {
+        self.allocated += now.allocated - before.allocated;
+        self.scavenges += now.scavenges - before.scavenges;
+        self.scavenge_ms += now.scavenge_ms - before.scavenge_ms;
+    }
+}
+
 /// EDGE_V8_FLAGS (space-separated, as `--no-liftoff --trace-gc`) sets a benchmark's V8 flags,
 /// workerd's `v8Flags`: what a part of V8 (its tiers, its collector) costs, turned off in the
 /// same harness.

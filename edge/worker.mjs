@@ -28,7 +28,12 @@
 import wasmModule from "./strata_edge_bg.wasm";
 import { initSync, Edge } from "./strata_edge.js";
 
-initSync({ module: wasmModule });
+const wasm = initSync({ module: wasmModule });
+const decoder = new TextDecoder();
+// Views of the module's memory where it writes a header value out, one per length, so that
+// decoding a value allocates only its string. They go when the memory grows or the place moves.
+const valueOut = { buffer: null, ptr: -1, views: [] };
+const VIEWS_UP_TO = 256;
 
 const isolate = { env: null, key: null, state: null };
 const RULES_NONE = '{"rules":[]}';
@@ -117,6 +122,8 @@ function stateFor(env) {
     state = {
       edge,
       headerNames: edge.header_names.split("\n").filter(Boolean),
+      replyNames: edge.reply_header_names.split("\n"), // learned once: a reply names them by index
+      valuesRead: [], // per reply header name, the value read last (see `replyHeaders`)
       readsPeer: edge.reads_peer,
       error: null,
       gateway,
@@ -173,7 +180,7 @@ function pump(state, ctx) {
     ctx.waitUntil(send(state, ctx, call.call, call.path, call.body, call.timeout_ms));
     call.free();
   }
-  for (let id; (id = edge.poll_decision()) >= 0; ) state.ready.set(id, replyOf(edge, true));
+  for (let id; (id = edge.poll_decision()) >= 0; ) state.ready.set(id, replyOf(state, true));
   arm(state, ctx);
 }
 
@@ -205,10 +212,45 @@ function arm(state, ctx) {
   }));
 }
 
+// The module's value `len` bytes long at `ptr`, decoded.
+function valueAt(ptr, len) {
+  const buffer = wasm.memory.buffer;
+  if (buffer !== valueOut.buffer || ptr !== valueOut.ptr) {
+    valueOut.buffer = buffer;
+    valueOut.ptr = ptr;
+    valueOut.views = [];
+  }
+  let view = valueOut.views[len];
+  if (view === undefined) {
+    view = new Uint8Array(buffer, ptr, len);
+    if (len <= VIEWS_UP_TO) valueOut.views[len] = view;
+  }
+  return decoder.decode(view);
+}
+
+// The current reply's headers as [name, value, ...], or null if it has none. Names come from
+// the list learned once; a value the module says is unchanged under its name (a policy, say) is
+// the string read then. A warm pass thus allocates the array and its changed values alone.
+function replyHeaders(state) {
+  const edge = state.edge;
+  const n = edge.reply_header_count;
+  if (n === 0) return null;
+  const headers = new Array(2 * n);
+  for (let i = 0; i < n; i++) {
+    const name = edge.reply_header_name(i);
+    const len = edge.reply_header_value(i);
+    if (len >= 0) state.valuesRead[name] = valueAt(edge.reply_value_ptr, len);
+    headers[2 * i] = state.replyNames[name];
+    headers[2 * i + 1] = state.valuesRead[name];
+  }
+  return headers;
+}
+
 // The module's current reply as plain values: whether it passes, its headers, and a denial's
-// status and body; with `full`, the binding's numbers too. A warm pass reads one string.
-function replyOf(edge, full, allowed = edge.reply_allowed) {
-  const reply = { allowed, headers: edge.reply_headers };
+// status and body; with `full`, the binding's numbers too.
+function replyOf(state, full, allowed = state.edge.reply_allowed) {
+  const edge = state.edge;
+  const reply = { allowed, headers: replyHeaders(state) };
   if (!allowed || full) {
     reply.status = edge.reply_status;
     reply.body = edge.reply_body;
@@ -235,7 +277,7 @@ function nextId(state) {
 // I/O (its upstream fetch) from another's.
 function decide(state, ctx, id, verdict, full) {
   if (verdict !== WAITING) {
-    const reply = replyOf(state.edge, full, verdict === PASS); // before a drain replaces it
+    const reply = replyOf(state, full, verdict === PASS); // before a drain replaces it
     if (state.edge.wants_pump()) pump(state, ctx);
     return reply;
   }
@@ -282,8 +324,8 @@ function peerOf(request) {
   return typeof ip === "string" ? ip : undefined;
 }
 
-// Headers cross into and out of Wasm as one string, `name\nvalue\n` per header (a header
-// can hold no newline), so a request costs one copy each way; only the ones the rules read.
+// Request headers cross into Wasm as one string, `name\nvalue\n` per header (a header can hold
+// no newline), so a request costs one copy; only the ones the rules read.
 function headerText(request, names) {
   if (names.length === 0) return ""; // not even the Headers object, made on first access
   const headers = request.headers;
@@ -295,14 +337,10 @@ function headerText(request, names) {
   return text;
 }
 
-function setHeaders(target, text) {
-  for (let at = 0; at < text.length; ) {
-    const nameEnd = text.indexOf("\n", at);
-    const end = text.indexOf("\n", nameEnd + 1);
-    if (nameEnd < 0 || end < 0) return;
-    target.set(text.slice(at, nameEnd), text.slice(nameEnd + 1, end));
-    at = end + 1;
-  }
+// Sets `replyHeaders`' pairs (null: none).
+function setHeaders(target, headers) {
+  if (headers === null) return;
+  for (let i = 0; i < headers.length; i += 2) target.set(headers[i], headers[i + 1]);
 }
 
 async function proxy(request, env, ctx) {
@@ -313,6 +351,7 @@ async function proxy(request, env, ctx) {
     return json(200, JSON.parse(state.edge.stats()));
   }
   // A pass decided at once, the warm path, is read as its headers alone: no reply object.
+  // A pass without headers to add returns the upstream's response itself, uncopied.
   let headers;
   try {
     const edge = state.edge;
@@ -323,7 +362,7 @@ async function proxy(request, env, ctx) {
     );
     if (verdict === REFUSED) return errorResponse(400, "invalid_request", edge.refusal);
     if (verdict === PASS) {
-      headers = edge.reply_headers; // before a drain replaces it
+      headers = replyHeaders(state); // before a drain replaces it
       if (edge.wants_pump()) pump(state, ctx);
     } else {
       const reply = await decide(state, ctx, id, verdict, false); // a denial, or a wait

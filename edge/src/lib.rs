@@ -10,13 +10,17 @@
 //!
 //! A reply stays in the module: `start` and `poll_decision` make it the current one, and
 //! JavaScript reads only the parts it needs through the `reply_*` getters. A warm request thus
-//! crosses the boundary as a number and, on a pass, one string (its headers), with no object
-//! to wrap, register for finalization and free.
+//! crosses the boundary as numbers, with no object to wrap, register for finalization and
+//! free. Its headers come out as a name JavaScript learned once (an index into
+//! [`REPLY_HEADER_NAMES`]) and a value JavaScript decodes from the module's memory, or keeps
+//! when it is the one it read last under that name (a `RateLimit-Policy` rarely changes): in
+//! workerd every object a request leaves behind brings V8's next young-generation pause closer,
+//! and all requests in flight wait through it.
 
 mod view;
 
 use strata_core::driver::{Decided, Driver, DriverConfig, Started, TableStore};
-use strata_core::gate::{Gate, Subject};
+use strata_core::gate::{Gate, REPLY_HEADER_NAMES, Subject};
 use strata_core::identity::identifier_for;
 use strata_core::memory::MemoryReport;
 use strata_core::{Reason, WindowDuration};
@@ -26,6 +30,9 @@ pub use view::JsRequest;
 
 /// The workspace of the local table's keys; the gateway binds the real one to the token.
 const LOCAL_WORKSPACE: &str = "edge";
+/// Room for a reply header's value without moving [`Edge::reply_value_ptr`]: one limit's
+/// `RateLimit-Policy` with a long name.
+const VALUE_OUT_CAPACITY: usize = 256;
 /// Largest number JavaScript holds exactly (2^53 - 1).
 const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
 
@@ -53,6 +60,11 @@ pub struct Edge {
     seen_deadline: Option<u64>,
     /// Why the last request [`REFUSED`] was.
     refusal: String,
+    /// Per name of [`REPLY_HEADER_NAMES`], the value JavaScript read last under it.
+    values_read: [String; REPLY_HEADER_NAMES.len()],
+    /// Where [`Edge::reply_header_value`] writes a value for JavaScript to decode: reused, so
+    /// it keeps its address and JavaScript its views of it.
+    value_out: Vec<u8>,
 }
 
 /// What to answer a request: status, headers, body.
@@ -64,8 +76,8 @@ pub struct EdgeReply {
     pub allowed: bool,
     /// `429` on a denial, else `200`.
     pub status: u16,
-    /// `name\nvalue\n` per header (one string: one copy out of Wasm).
-    pub headers: String,
+    /// Its headers, names lower case.
+    pub headers: Vec<(&'static str, String)>,
     /// The JSON body of a denial (empty on a pass).
     pub body: String,
     /// Which path decided it: `local`, `origin` or `fallback` (the failure mode).
@@ -136,6 +148,13 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Header `i` of `headers`: its name's index in [`REPLY_HEADER_NAMES`], and its value.
+fn header_at<'a>(headers: &'a [(&'static str, String)], i: u32) -> Option<(usize, &'a str)> {
+    let (name, value) = headers.get(usize::try_from(i).ok()?)?;
+    let index = REPLY_HEADER_NAMES.iter().position(|n| n == name)?;
+    Some((index, value))
+}
+
 fn reply(d: Decided) -> EdgeReply {
     let first = d.first;
     EdgeReply {
@@ -143,17 +162,7 @@ fn reply(d: Decided) -> EdgeReply {
         request: u32::try_from(d.request).unwrap_or(u32::MAX),
         allowed: d.reply.allowed,
         status: d.reply.status,
-        headers: d
-            .reply
-            .headers
-            .iter()
-            .fold(String::new(), |mut out, (k, v)| {
-                out.push_str(k);
-                out.push('\n');
-                out.push_str(v);
-                out.push('\n');
-                out
-            }),
+        headers: d.reply.headers,
         body: d.reply.body.unwrap_or_default(),
         by: d.by.as_str(),
         limit: js_number(first.map_or(0, |d| d.limit)),
@@ -183,6 +192,12 @@ impl Edge {
                 REFUSED
             }
         }
+    }
+
+    /// What [`reply_header_value`](Edge::reply_header_value) wrote last (for Rust callers,
+    /// which cannot read at [`reply_value_ptr`](Edge::reply_value_ptr) as JavaScript does).
+    pub fn value_out(&self) -> &[u8] {
+        &self.value_out
     }
 
     /// The current reply, whole (for Rust callers: the tests).
@@ -246,6 +261,8 @@ impl Edge {
             reply: EdgeReply::default(),
             seen_deadline: None,
             refusal: String::new(),
+            values_read: Default::default(),
+            value_out: Vec::with_capacity(VALUE_OUT_CAPACITY),
         })
     }
 
@@ -411,10 +428,57 @@ impl Edge {
         self.reply.status
     }
 
-    /// The current reply's headers, `name\nvalue\n` per header (one string: one copy out).
+    /// Every name a reply's header can have, `name\n` each: what
+    /// [`reply_header_name`](Self::reply_header_name) indexes.
     #[wasm_bindgen(getter)]
-    pub fn reply_headers(&self) -> String {
-        self.reply.headers.clone()
+    pub fn reply_header_names(&self) -> String {
+        REPLY_HEADER_NAMES
+            .iter()
+            .fold(String::new(), |mut out, name| {
+                out.push_str(name);
+                out.push('\n');
+                out
+            })
+    }
+
+    /// How many headers the current reply has.
+    #[wasm_bindgen(getter)]
+    pub fn reply_header_count(&self) -> u32 {
+        u32::try_from(self.reply.headers.len()).unwrap_or(0)
+    }
+
+    /// The name of the current reply's header `i`, as its index in
+    /// [`reply_header_names`](Self::reply_header_names).
+    pub fn reply_header_name(&self, i: u32) -> u32 {
+        header_at(&self.reply.headers, i)
+            .and_then(|(n, _)| u32::try_from(n).ok())
+            .unwrap_or(u32::MAX)
+    }
+
+    /// The value of the current reply's header `i`: its length in bytes, written at
+    /// [`reply_value_ptr`](Self::reply_value_ptr) for JavaScript to decode; or -1 when it is
+    /// the value this method gave last under the same name, which JavaScript still holds.
+    pub fn reply_header_value(&mut self, i: u32) -> i32 {
+        let Some((n, value)) = header_at(&self.reply.headers, i) else {
+            return -1;
+        };
+        // Empty is also "nothing read yet", and JavaScript holds nothing for it.
+        let read = &mut self.values_read[n];
+        if read == value && !read.is_empty() {
+            return -1;
+        }
+        value.clone_into(read);
+        self.value_out.clear();
+        self.value_out.extend_from_slice(value.as_bytes());
+        i32::try_from(value.len()).unwrap_or(0)
+    }
+
+    /// Where [`reply_header_value`](Self::reply_header_value) wrote its value in the module's
+    /// memory.
+    #[wasm_bindgen(getter)]
+    pub fn reply_value_ptr(&self) -> u32 {
+        // Wasm32 addresses are 32 bits.
+        u32::try_from(self.value_out.as_ptr() as usize).unwrap_or(0)
     }
 
     /// The JSON body of the current reply, a denial (empty on a pass).

@@ -151,6 +151,24 @@ pub struct Subjects {
     pub unaddressed: bool,
 }
 
+/// `Strata-Shadow`: the `RateLimit` value of the shadow rules, which never deny.
+pub const SHADOW_HEADER: &str = "strata-shadow";
+/// `Strata-Origin: unavailable` (with `debug`): the failure mode decided the reply.
+pub const ORIGIN_HEADER: &str = "strata-origin";
+
+/// Every name a [`Reply`]'s headers can have, lower case: a shell that learns the list once
+/// can name a header by its index instead of copying its name out on every reply.
+pub const REPLY_HEADER_NAMES: [&str; 8] = [
+    Field::ALL[0].name(),
+    Field::ALL[1].name(),
+    Field::ALL[2].name(),
+    Field::ALL[3].name(),
+    Field::ALL[4].name(),
+    Field::ALL[5].name(),
+    SHADOW_HEADER,
+    ORIGIN_HEADER,
+];
+
 /// What the shell answers the client, or adds to the upstream's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
@@ -348,11 +366,11 @@ impl Pending {
         if !shadow.is_empty() {
             let h = header_values(&shadow, now_ms);
             if let Some(v) = h.get(Field::RateLimit) {
-                headers.push(("strata-shadow", v.to_string()));
+                headers.push((SHADOW_HEADER, v.to_string()));
             }
         }
         if options.debug && self.origin_failed {
-            headers.push(("strata-origin", "unavailable".to_string()));
+            headers.push((ORIGIN_HEADER, "unavailable".to_string()));
         }
         let shadow_denied = shadow
             .iter()

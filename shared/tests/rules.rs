@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use strata_core::address::ClientAddress;
 use strata_core::driver::{Decided, DecidedBy, Started, TableStore};
-use strata_core::gate::{Gate, GateError, GateOptions, Reply};
+use strata_core::gate::{Gate, GateError, GateOptions, REPLY_HEADER_NAMES, Reply};
 use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
     Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet,
@@ -1240,6 +1240,36 @@ fn debug_says_when_the_origin_was_unreachable() {
             debug
         );
     }
+}
+
+#[test]
+fn every_header_a_reply_sets_is_one_of_the_names_a_shell_learns_once() {
+    let rules = [
+        rule(json!([generic("x")]), json!({"name": "api", "limit": 1})),
+        rule(
+            json!([generic("y")]),
+            json!({"name": "trial", "namespace": "trial", "limit": 1, "shadow": true}),
+        ),
+    ];
+    let g = gate(&rules, r#"{"legacy_headers": true, "debug": true}"#);
+    let mut t = table();
+    let (_, pass) = run(&g, &mut t, &get("/"), T0);
+    let (_, deny) = run(&g, &mut t, &get("/"), T0 + 1);
+    assert!(pass.allowed && !deny.allowed);
+    let mut seen: Vec<&str> = pass
+        .headers
+        .iter()
+        .chain(&deny.headers)
+        .map(|(n, _)| *n)
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let mut names = REPLY_HEADER_NAMES.to_vec();
+    names.sort_unstable();
+    assert_eq!(
+        seen, names,
+        "every name is set by some reply, and none other"
+    );
 }
 
 #[test]

@@ -79,8 +79,11 @@ fn granted(body: &str, lease: u64) -> String {
 }
 
 fn header<'a>(reply: &'a EdgeReply, name: &str) -> Option<&'a str> {
-    let lines: Vec<&str> = reply.headers.split('\n').collect();
-    lines.chunks_exact(2).find(|h| h[0] == name).map(|h| h[1])
+    reply
+        .headers
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 #[wasm_bindgen_test]
@@ -410,4 +413,81 @@ fn a_binding_key_of_any_length_is_keyed_by_its_digest() {
     let id = call["limits"][0]["identifier"].as_str().unwrap();
     assert_eq!(id, strata_core::identity::identifier_for(long));
     assert!(id.len() <= 255 && id.starts_with("kkkk") && id.contains("%sha256:"));
+}
+
+/// The current reply's headers read as `worker.mjs` reads them: each name by its index in
+/// `reply_header_names`, each value copied out of the module only when it is not the one read
+/// last under its name (`held`). Also the names whose values were copied.
+fn read_headers(e: &mut Edge, held: &mut [String]) -> (Vec<(String, String)>, Vec<String>) {
+    let names: Vec<String> = e
+        .reply_header_names()
+        .split('\n')
+        .map(str::to_owned)
+        .collect();
+    let (mut read, mut copied) = (Vec::new(), Vec::new());
+    for i in 0..e.reply_header_count() {
+        let n = e.reply_header_name(i) as usize;
+        if let Ok(len) = usize::try_from(e.reply_header_value(i)) {
+            held[n] = String::from_utf8(e.value_out()[..len].to_vec()).unwrap();
+            copied.push(names[n].clone());
+        }
+        read.push((names[n].clone(), held[n].clone()));
+    }
+    (read, copied)
+}
+
+#[wasm_bindgen_test]
+fn reply_headers_read_by_index_match_the_reply_and_an_unchanged_value_is_not_copied_again() {
+    let rules = json!({"rules": [
+        {"name": "a", "namespace": "a", "limit": 10, "duration": "1m",
+         "match": {"path_prefix": "/a/"}, "actions": [{"remote_address": {}}]},
+        {"name": "b", "namespace": "b", "limit": 20, "duration": "1m",
+         "match": {"path_prefix": "/b/"}, "actions": [{"remote_address": {}}]}
+    ]});
+    let mut e = Edge::new(&rules.to_string(), "", "test", 250.0, 50.0).unwrap();
+    let mut held = vec![String::new(); strata_core::gate::REPLY_HEADER_NAMES.len()];
+    let mut copied = Vec::new();
+    for (id, path) in [
+        (1, "/a/x"),
+        (2, "/b/x"),
+        (3, "/a/x"),
+        (4, "/a/x"),
+        (5, "/b/x"),
+    ] {
+        let verdict = e.start(
+            id,
+            "GET",
+            &format!("https://example.com{path}"),
+            "",
+            Some("203.0.113.9:50123".to_string()),
+            NOW,
+        );
+        if verdict == strata_edge::WAITING {
+            // A cold key: the gateway lends 5, and its answer decides the request.
+            let sent = calls(&mut e);
+            e.answer(sent[0].call, 200, &granted(&sent[0].body, 5), NOW);
+            assert_eq!(e.poll_decision(), f64::from(id));
+        } else {
+            assert_eq!(verdict, strata_edge::PASS, "request {id}");
+        }
+        let (read, fresh) = read_headers(&mut e, &mut held);
+        let reply = e.take_reply();
+        let expected: Vec<(String, String)> = reply
+            .headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.clone()))
+            .collect();
+        assert_eq!(read, expected, "request {id}");
+        copied.push(fresh);
+    }
+    let both = ["ratelimit-policy", "ratelimit"];
+    assert_eq!(copied[0], both, "the first reply copies every value");
+    assert_eq!(copied[1], both, "another rule's policy under the same name");
+    assert_eq!(copied[2], both, "the first policy again after the other");
+    assert_eq!(
+        copied[3],
+        ["ratelimit"],
+        "the same policy is not copied again"
+    );
+    assert_eq!(copied[4], both);
 }

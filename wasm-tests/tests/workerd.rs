@@ -283,6 +283,40 @@ async fn a_broken_configuration_answers_a_clear_500_and_bad_input_a_400() {
     );
 }
 
+/// The worker reads a header value out of the module only when it changed under its name:
+/// two rules' policies, alternated, each reply still carries its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alternating_rules_each_answer_with_their_own_policy_and_count() {
+    let s = stack().await;
+    let rule = |name: &str, limit: u64| {
+        json!({"name": name, "namespace": format!("alt-{name}"), "limit": limit, "duration": "1h",
+            "match": {"path_prefix": format!("/{name}/")},
+            "actions": [{"generic_key": {"descriptor_value": "all"}}]})
+    };
+    let rules = json!({"rules": [rule("a", 100), rule("bb", 20)]}).to_string();
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    let mut sent = std::collections::HashMap::new();
+    for name in ["a", "bb", "a", "a", "bb", "a", "bb", "bb"] {
+        let (status, h, body) = get(&s.http, &format!("{}/{name}/x", edge.base), &[]).await;
+        assert_eq!(status, 200, "{body}\n{}", edge.log());
+        let n: &mut u64 = sent.entry(name).or_default();
+        *n += 1;
+        let limit = if name == "a" { 100 } else { 20 };
+        let policy = format!("\"{name}\";q={limit};w=3600");
+        assert_eq!(
+            header(&h, "ratelimit-policy"),
+            Some(policy.as_str()),
+            "{h:?}"
+        );
+        let remaining = format!("\"{name}\";r={};", limit - *n);
+        assert!(
+            header(&h, "ratelimit").unwrap().starts_with(&remaining),
+            "{h:?}"
+        );
+    }
+}
+
 /// Four limits of `user` through the binding example (3 a minute), and the gateway's count;
 /// an error describes the first answer that was not as documented.
 async fn bind_four(s: &Stack, edge: &Workerd, user: &str) -> Result<(), String> {

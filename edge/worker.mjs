@@ -246,11 +246,12 @@ function replyHeaders(state) {
   return headers;
 }
 
-// The module's current reply as plain values: whether it passes, its headers, and a denial's
-// status and body; with `full`, the binding's numbers too.
-function replyOf(state, full, allowed = state.edge.reply_allowed) {
+// The module's current reply as plain values: whether it passes, its headers (unless not
+// `withHeaders`: the binding has no response to set them on), and a denial's status and body;
+// with `full`, the binding's numbers too.
+function replyOf(state, full, allowed = state.edge.reply_allowed, withHeaders = true) {
   const edge = state.edge;
-  const reply = { allowed, headers: replyHeaders(state) };
+  const reply = { allowed, headers: withHeaders ? replyHeaders(state) : null };
   if (!allowed || full) {
     reply.status = edge.reply_status;
     reply.body = edge.reply_body;
@@ -277,7 +278,8 @@ function nextId(state) {
 // I/O (its upstream fetch) from another's.
 function decide(state, ctx, id, verdict, full) {
   if (verdict !== WAITING) {
-    const reply = replyOf(state, full, verdict === PASS); // before a drain replaces it
+    // Before a drain replaces it; the binding's (`full`) without headers.
+    const reply = replyOf(state, full, verdict === PASS, !full);
     if (state.edge.wants_pump()) pump(state, ctx);
     return reply;
   }

@@ -148,6 +148,15 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// `names`, one a line (JavaScript splits them at `\n`: a header name holds none).
+fn lines<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names.into_iter().fold(String::new(), |mut out, name| {
+        out.push_str(name);
+        out.push('\n');
+        out
+    })
+}
+
 /// Header `i` of `headers`: its name's index in [`REPLY_HEADER_NAMES`], and its value.
 fn header_at<'a>(headers: &'a [(&'static str, String)], i: u32) -> Option<(usize, &'a str)> {
     let (name, value) = headers.get(usize::try_from(i).ok()?)?;
@@ -279,13 +288,7 @@ impl Edge {
         let reads = self.driver.gate().rules().reads();
         let host = reads.host.then_some("host");
         let names = reads.headers.iter().map(String::as_str);
-        host.into_iter()
-            .chain(names)
-            .fold(String::new(), |mut out, name| {
-                out.push_str(name);
-                out.push('\n');
-                out
-            })
+        lines(host.into_iter().chain(names))
     }
 
     /// A request arrives, `id` JavaScript's name for it: [`PASS`] or [`DENY`] if decided now
@@ -432,13 +435,7 @@ impl Edge {
     /// [`reply_header_name`](Self::reply_header_name) indexes.
     #[wasm_bindgen(getter)]
     pub fn reply_header_names(&self) -> String {
-        REPLY_HEADER_NAMES
-            .iter()
-            .fold(String::new(), |mut out, name| {
-                out.push_str(name);
-                out.push('\n');
-                out
-            })
+        lines(REPLY_HEADER_NAMES)
     }
 
     /// How many headers the current reply has.

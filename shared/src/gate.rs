@@ -158,16 +158,17 @@ pub const ORIGIN_HEADER: &str = "strata-origin";
 
 /// Every name a [`Reply`]'s headers can have, lower case: a shell that learns the list once
 /// can name a header by its index instead of copying its name out on every reply.
-pub const REPLY_HEADER_NAMES: [&str; 8] = [
-    Field::ALL[0].name(),
-    Field::ALL[1].name(),
-    Field::ALL[2].name(),
-    Field::ALL[3].name(),
-    Field::ALL[4].name(),
-    Field::ALL[5].name(),
-    SHADOW_HEADER,
-    ORIGIN_HEADER,
-];
+pub const REPLY_HEADER_NAMES: [&str; Field::ALL.len() + 2] = {
+    let mut names = [""; Field::ALL.len() + 2];
+    let mut i = 0;
+    while i < Field::ALL.len() {
+        names[i] = Field::ALL[i].name();
+        i += 1;
+    }
+    names[i] = SHADOW_HEADER;
+    names[i + 1] = ORIGIN_HEADER;
+    names
+};
 
 /// What the shell answers the client, or adds to the upstream's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -565,6 +565,49 @@ async fn random_headers_methods_and_paths_never_break_the_edge() {
     );
 }
 
+/// A pass reaches the upstream as the client sent it: method, path and query, headers and
+/// body (the edge hands workerd the client's request as the upstream request's init).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_reaches_the_upstream_with_its_method_path_headers_and_body() {
+    let s = stack().await;
+    let rules = per_key_rules(5);
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    let r = s
+        .http
+        .post(format!("{}/v1/things?page=2&q=a%20b", edge.base))
+        .header("x-api-key", "alice")
+        .header("x-trace", "t-42")
+        .body("name=strata&n=1")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let policy = r.headers().contains_key("ratelimit-policy");
+    let body = r.text().await.unwrap();
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "upstream ok"),
+        "{}",
+        edge.log()
+    );
+    assert!(policy, "a pass carries its RateLimit headers");
+    let seen = s.upstream.last();
+    let (head, sent) = seen.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("POST /v1/things?page=2&q=a%20b HTTP/1.1\r\n"),
+        "{seen}"
+    );
+    let head = format!("{}\r\n", head.to_ascii_lowercase());
+    for header in ["x-api-key: alice", "x-trace: t-42"] {
+        assert!(
+            head.contains(&format!("\r\n{header}\r\n")),
+            "{header}: {seen}"
+        );
+    }
+    assert_eq!(sent, "name=strata&n=1", "{seen}");
+}
+
 /// A pass goes to the configured upstream whatever its path: `//host/…` and `/\host/…` (which
 /// URL parsing makes `//host/…`) once named another host for the edge to fetch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,8 @@
 //! The upstream a proxying edge forwards passes to: a loopback HTTP server that answers every
-//! request `200 upstream ok` and counts them.
+//! request `200 upstream ok`, counts them, and keeps the last one as it arrived.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 pub struct Upstream {
     pub base: String,
     hits: Arc<AtomicU64>,
+    last: Arc<Mutex<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -19,20 +20,22 @@ impl Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let hits = Arc::new(AtomicU64::new(0));
-        let counter = hits.clone();
+        let last = Arc::new(Mutex::new(String::new()));
+        let (counter, kept) = (hits.clone(), last.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
-                let counter = counter.clone();
+                let (counter, kept) = (counter.clone(), kept.clone());
                 tokio::spawn(async move {
                     let mut seen = Vec::new();
                     let mut buf = [0_u8; 4096];
-                    // One request per connection (GETs only: the head ends the request).
-                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    // One request per connection: its head, then its body.
+                    while !complete(&seen) {
                         match socket.read(&mut buf).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => seen.extend_from_slice(&buf[..n]),
                         }
                     }
+                    *kept.lock().unwrap() = String::from_utf8_lossy(&seen).into_owned();
                     counter.fetch_add(1, Ordering::SeqCst);
                     let body = "upstream ok";
                     let head = format!(
@@ -45,7 +48,12 @@ impl Upstream {
                 });
             }
         });
-        Self { base, hits, task }
+        Self {
+            base,
+            hits,
+            last,
+            task,
+        }
     }
 
     /// Its port.
@@ -57,12 +65,37 @@ impl Upstream {
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::SeqCst)
     }
+
+    /// The last request that reached the upstream, head and body, as it arrived.
+    pub fn last(&self) -> String {
+        self.last.lock().unwrap().clone()
+    }
 }
 
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Whether `seen` holds a whole request: a head, then `content-length` bytes of body, or a
+/// chunked body up to its last chunk.
+fn complete(seen: &[u8]) -> bool {
+    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(n, _)| n.trim() == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        return seen.ends_with(b"\r\n0\r\n\r\n");
+    }
+    let length = header("content-length").and_then(|v| v.parse::<usize>().ok());
+    seen.len() >= end + 4 + length.unwrap_or(0)
 }
 
 /// The port of `http://127.0.0.1:<port>`.

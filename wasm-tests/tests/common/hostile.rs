@@ -181,7 +181,7 @@ pub async fn send_raw(addr: &str, bytes: &[u8]) -> (Option<u16>, String) {
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(20), async {
         let mut buf = [0_u8; 8192];
-        while !complete(&answer) {
+        while !super::whole_message(&answer) {
             match socket.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => answer.extend_from_slice(&buf[..n]),
@@ -203,20 +203,6 @@ pub async fn send_raw(addr: &str, bytes: &[u8]) -> (Option<u16>, String) {
         .unwrap_or(answer.len());
     let head = &answer[..end];
     (status, String::from_utf8_lossy(head).to_ascii_lowercase())
-}
-
-/// Whether `answer` holds a whole response: its head and `content-length` bytes of body.
-fn complete(answer: &[u8]) -> bool {
-    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
-    let length = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    answer.len() >= end + 4 + length
 }
 
 /// The run's length and seed, from the environment (printed, so a run can be replayed).

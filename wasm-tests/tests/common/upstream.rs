@@ -28,8 +28,8 @@ impl Upstream {
                 tokio::spawn(async move {
                     let mut seen = Vec::new();
                     let mut buf = [0_u8; 4096];
-                    // One request per connection: its head, then its body.
-                    while !complete(&seen) {
+                    // One request per connection: its head, then its `content-length` bytes of body.
+                    while !super::whole_message(&seen) {
                         match socket.read(&mut buf).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => seen.extend_from_slice(&buf[..n]),
@@ -76,26 +76,6 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Whether `seen` holds a whole request: a head, then `content-length` bytes of body, or a
-/// chunked body up to its last chunk.
-fn complete(seen: &[u8]) -> bool {
-    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
-    let header = |name: &str| {
-        head.lines()
-            .filter_map(|l| l.split_once(':'))
-            .find(|(n, _)| n.trim() == name)
-            .map(|(_, v)| v.trim().to_string())
-    };
-    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        return seen.ends_with(b"\r\n0\r\n\r\n");
-    }
-    let length = header("content-length").and_then(|v| v.parse::<usize>().ok());
-    seen.len() >= end + 4 + length.unwrap_or(0)
 }
 
 /// The port of `http://127.0.0.1:<port>`.

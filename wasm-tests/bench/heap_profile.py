@@ -10,7 +10,9 @@ made it.
     ./scripts/build-edge.sh && cargo build --release -p strata-gateway
     python3 wasm-tests/bench/heap_profile.py [requests]
 
-PROFILE_DIR=dir also writes each raw profile (`<worker>.json`, DevTools' format). ONLY=edge
+EDGE_DIST=dir profiles the edge bundle in `dir` instead of `edge/dist` (a copy of
+`worker.mjs` with each workerd call in a named function of its own splits `proxy` call by
+call). PROFILE_DIR=dir also writes each raw profile (`<worker>.json`, DevTools' format). ONLY=edge
 (a comma-separated list) profiles only those. The load comes from Python threads (about
 2,000 requests/s). Costs that come per unit of time, such as the replay's timer, are spread
 over fewer requests than in `edge_latency`, so read them as upper bounds.
@@ -33,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 GATEWAY = os.path.join(TARGET, "release", "strata-gateway")
 WORKERD = os.path.join(ROOT, "wasm-tests", "node_modules", "workerd", "bin", "workerd")
-DIST = os.path.join(ROOT, "edge", "dist")
+DIST = os.environ.get("EDGE_DIST", os.path.join(ROOT, "edge", "dist"))
 BENCH = os.path.join(ROOT, "wasm-tests", "bench")
 REQUESTS = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 SETTLE = 30000  # past the edge's Wasm tier-ups, as in edge_latency

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub mod cpu;
 #[path = "../../../wasm-tests/tests/common/envoy.rs"]
 pub mod envoy;
+#[path = "../../../wasm-tests/tests/common/message.rs"]
+pub mod message;
 #[path = "../../../wasm-tests/tests/common/upstream.rs"]
 pub mod upstream;
 #[path = "../../../wasm-tests/tests/common/workerd.rs"]

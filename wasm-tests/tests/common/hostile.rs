@@ -181,7 +181,7 @@ pub async fn send_raw(addr: &str, bytes: &[u8]) -> (Option<u16>, String) {
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(20), async {
         let mut buf = [0_u8; 8192];
-        while !super::whole_message(&answer) {
+        while !super::message::is_whole(&answer) {
             match socket.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => answer.extend_from_slice(&buf[..n]),

@@ -18,6 +18,7 @@ pub mod envoy;
 pub mod hostile;
 pub mod identity;
 pub mod memory;
+pub mod message;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]
@@ -66,19 +67,4 @@ pub fn percentile_us(sorted: &[std::time::Duration], p: f64) -> f64 {
     )]
     let i = ((sorted.len().saturating_sub(1)) as f64 * p).round() as usize;
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
-}
-
-/// Whether `bytes` hold a whole HTTP/1.1 message, request or response: its head, then
-/// `content-length` bytes of body (none without one), as the tests' peers send them.
-pub fn whole_message(bytes: &[u8]) -> bool {
-    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
-    let length = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    bytes.len() >= end + 4 + length
 }

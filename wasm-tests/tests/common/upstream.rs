@@ -29,7 +29,7 @@ impl Upstream {
                     let mut seen = Vec::new();
                     let mut buf = [0_u8; 4096];
                     // One request per connection: its head, then its `content-length` bytes of body.
-                    while !super::whole_message(&seen) {
+                    while !super::message::is_whole(&seen) {
                         match socket.read(&mut buf).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => seen.extend_from_slice(&buf[..n]),

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use strata_core::identity::validate_workspace;
 use strata_core::{FailureMode, Region};
 
-use crate::rls::RlsConfig;
+use crate::rls::{RlsConfig, UnknownDomain};
 
 /// Default listen address: loopback only, so a fresh gateway is not reachable from outside.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
@@ -234,6 +234,10 @@ layer! {
         /// The rate-limit service's descriptors, in envoyproxy/ratelimit's YAML shape: a file (one domain per `---` document) or a directory of .yaml files.
         #[arg(long, env = "STRATA_RLS_CONFIG", value_name = "PATH")]
         pub rls_config: Option<PathBuf>,
+        /// What the rate-limit service answers a call whose domain --rls-config does not hold: deny (OVER_LIMIT, so a mistyped domain is seen at once) or ok (nothing limited). Never an error, which Envoy's `failure_mode_deny: false` would let through.
+        #[arg(long, env = "STRATA_RLS_UNKNOWN_DOMAIN", value_name = "ANSWER")]
+        #[default = UnknownDomain::Deny.as_str()]
+        pub rls_unknown_domain: Option<String>,
         /// Also answer decisions with X-RateLimit-Limit, -Remaining and -Reset (true or false), as the edge and the Envoy filter can.
         #[arg(long, env = "STRATA_LEGACY_HEADERS", value_name = "BOOL")]
         #[default = false]
@@ -349,6 +353,10 @@ pub struct RlsSettings {
     pub listen: SocketAddr,
     /// The descriptors, loaded and checked at start.
     pub config: Arc<RlsConfig>,
+    /// Where they were read from (`None`: given in memory, never reloaded).
+    pub path: Option<PathBuf>,
+    /// What a call for a domain the descriptors do not hold is answered.
+    pub unknown_domain: UnknownDomain,
 }
 
 impl Default for Settings {
@@ -529,7 +537,12 @@ impl Settings {
             }
         }
         open_only_with_tokens("--listen", listen, &tokens)?;
-        let rls = rls(layer.rls_listen, layer.rls_config, &tokens)?;
+        let rls = rls(
+            layer.rls_listen,
+            layer.rls_config,
+            layer.rls_unknown_domain,
+            &tokens,
+        )?;
         let data_dir = layer.data_dir.unwrap_or(d.data_dir);
         let database_url = match layer.database_url.map(|u| u.trim().to_string()) {
             Some(url) if url.starts_with("mysql://") || url.starts_with("sqlite:") => url,
@@ -627,6 +640,7 @@ fn open_only_with_tokens(
 fn rls(
     listen: Option<String>,
     config: Option<PathBuf>,
+    unknown_domain: Option<String>,
     tokens: &HashMap<String, String>,
 ) -> Result<Option<RlsSettings>, ConfigError> {
     let (listen, path) = match (listen, config) {
@@ -648,9 +662,20 @@ fn rls(
     let listen = address("--rls-listen", &listen, "127.0.0.1:8081")?;
     open_only_with_tokens("--rls-listen", listen, tokens)?;
     let config = RlsConfig::load(&path).map_err(|e| err("--rls-config", e))?;
+    let unknown_domain = match unknown_domain {
+        None => UnknownDomain::default(),
+        Some(text) => text.parse().map_err(|()| {
+            err(
+                "--rls-unknown-domain",
+                format_args!("{text:?} is neither `deny` nor `ok`"),
+            )
+        })?,
+    };
     Ok(Some(RlsSettings {
         listen,
         config: Arc::new(config),
+        path: Some(path),
+        unknown_domain,
     }))
 }
 
@@ -743,7 +768,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 16, "every setting with a plain default");
+        assert_eq!(checked, 17, "every setting with a plain default");
     }
 
     #[test]

@@ -208,7 +208,11 @@ pub async fn run(
     let sync = tokio::spawn(sync_loop(gateway.clone(), stopped));
     let rls = match (listeners.rls, &gateway.settings.rls) {
         (Some(listener), Some(settings)) => {
-            let service = RlsService::server(gateway.clone(), settings.config.clone());
+            let service = RlsService::server(RlsService::new(
+                gateway.clone(),
+                settings.config.clone(),
+                settings.unknown_domain,
+            ));
             let quitting = quitting.clone();
             Some(tokio::spawn(
                 tonic::transport::Server::builder()

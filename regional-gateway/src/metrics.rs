@@ -144,7 +144,7 @@ pub enum RlsResult {
     Ok,
     /// `OVER_LIMIT`.
     OverLimit,
-    /// An error status: the call was refused, nothing counted.
+    /// A call it cannot decide as sent, answered without counting anything.
     Refused,
 }
 
@@ -221,7 +221,7 @@ impl Metrics {
         );
         r.register(
             "strata_rls_calls",
-            "Calls to Envoy's rate-limit service (--rls-listen), by answer: ok, over_limit, or refused (an error status; nothing counted)",
+            "Calls to Envoy's rate-limit service (--rls-listen), by answer: ok, over_limit, or refused (a call it cannot decide as sent: an unknown domain, answered per --rls-unknown-domain, or a malformed descriptor, answered OVER_LIMIT; nothing counted)",
             self.rls_family.clone(),
         );
         r.register(

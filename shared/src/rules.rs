@@ -670,7 +670,7 @@ fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAdd
                 (descriptor_key.as_str(), descriptor_value.as_bytes())
             }
         };
-        push_entry(&mut out, key, value);
+        push_entry(&mut out, key.as_bytes(), value);
     }
     // Every entry skipped: nothing to limit by, as in Envoy.
     if out.is_empty() {
@@ -683,12 +683,13 @@ fn descriptor(actions: &[Action], request: &impl RequestView, source: &ClientAdd
 /// Appends one entry to an encoded descriptor: `key=value`, joined to the entries before by
 /// `&`. The gateway's rate-limit service keys Envoy's descriptors with it, so a descriptor
 /// counts under the same identifier whichever of Envoy's paths (the `ratelimit` filter or this
-/// filter's rules) built it.
-pub fn push_entry(out: &mut String, key: &str, value: &[u8]) {
+/// filter's rules) built it. Key and value are bytes, as Envoy passes them on: a byte that is
+/// not UTF-8 is spelt `%XX` in either.
+pub fn push_entry(out: &mut String, key: &[u8], value: &[u8]) {
     if !out.is_empty() {
         out.push('&');
     }
-    encode(out, key);
+    encode_bytes(out, key);
     out.push('=');
     encode_bytes(out, value);
 }

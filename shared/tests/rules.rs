@@ -18,7 +18,7 @@ use strata_core::gate::{Gate, GateError, GateOptions, REPLY_HEADER_NAMES, Reply}
 use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
     Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet,
-    parse_duration_ms,
+    parse_duration_ms, push_entry,
 };
 use strata_core::{CounterTable, FailureMode, TableConfig};
 use support::driver;
@@ -1530,8 +1530,36 @@ fn parse_and_apply(text: &str, requests: &[Req]) {
     }
 }
 
+/// A descriptor's entries as the gateway's rate-limit service gets them from Envoy: keys and
+/// values of any bytes, made of the look-alike pieces.
+fn entries() -> impl Strategy<Value = Vec<(Spelled, Spelled)>> {
+    prop::collection::vec((spelled(), spelled()), 0..4)
+}
+
+fn encode_entries(entries: &[(Spelled, Spelled)]) -> String {
+    let mut out = String::new();
+    for (key, value) in entries {
+        push_entry(&mut out, &spell(key), &spell(value));
+    }
+    out
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Two descriptors share an encoding only when every key and value byte is the same: a
+    /// key or value that is not UTF-8 is spelt `%XX`, never confused with the text `%XX`.
+    #[test]
+    fn descriptor_entries_of_any_bytes_encode_apart(a in entries(), b in entries()) {
+        let bytes = |e: &[(Spelled, Spelled)]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            e.iter().map(|(k, v)| (spell(k), spell(v))).collect()
+        };
+        prop_assert_eq!(
+            bytes(&a) == bytes(&b),
+            encode_entries(&a) == encode_entries(&b),
+            "{:?} / {:?}", encode_entries(&a), encode_entries(&b)
+        );
+    }
 
     #[test]
     fn from_json_never_panics_on_strings(text in ".{0,200}") {

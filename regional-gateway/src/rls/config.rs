@@ -123,11 +123,12 @@ pub struct Rate {
 }
 
 /// One level of a descriptor tree: its nodes by `key_value` (or `key` alone, the default for
-/// any value), and the nodes whose value holds `*`, in file order.
+/// any value), and the nodes whose value holds `*`, in file order. Names are bytes: a request's
+/// entries are the bytes Envoy sends, UTF-8 or not.
 #[derive(Clone, Debug, Default)]
 struct Level {
-    nodes: HashMap<String, Node>,
-    wildcards: Vec<String>,
+    nodes: HashMap<Vec<u8>, Node>,
+    wildcards: Vec<Vec<u8>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -155,11 +156,12 @@ impl RlsConfig {
         d
     }
 
-    /// The limit a descriptor of `domain` with `entries` (key, value) falls under, if any.
+    /// The limit a descriptor of `domain` with `entries` (key, value, as bytes) falls under, if
+    /// any.
     pub fn limit_for<'a, 'e>(
         &'a self,
         domain: &str,
-        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        entries: impl IntoIterator<Item = (&'e [u8], &'e [u8])>,
     ) -> Option<&'a Limit> {
         let mut level = self.domains.get(domain)?;
         let mut entries = entries.into_iter().peekable();
@@ -275,10 +277,14 @@ impl Level {
                 Some(v) if !v.is_empty() => format!("{}_{v}", d.key),
                 _ => d.key.clone(),
             };
+            let name = name.into_bytes();
             if level.nodes.contains_key(&name) {
                 return Err(at(
                     here,
-                    format!("`{name}` is configured twice at this level"),
+                    format!(
+                        "`{}` is configured twice at this level",
+                        String::from_utf8_lossy(&name)
+                    ),
                 ));
             }
             if d.value.as_deref().is_some_and(|v| v.contains('*')) {
@@ -292,14 +298,17 @@ impl Level {
 
     /// The node of `key`/`value`: exact, then the first wildcard value that matches, then the
     /// key's default.
-    fn find(&self, key: &str, value: &str) -> Option<&Node> {
-        let exact = format!("{key}_{value}");
+    fn find(&self, key: &[u8], value: &[u8]) -> Option<&Node> {
+        let mut exact = Vec::with_capacity(key.len() + 1 + value.len());
+        exact.extend_from_slice(key);
+        exact.push(b'_');
+        exact.extend_from_slice(value);
         if let Some(node) = self.nodes.get(&exact) {
             return Some(node);
         }
         self.wildcards
             .iter()
-            .find(|pattern| glob(pattern.as_bytes(), exact.as_bytes()))
+            .find(|pattern| glob(pattern, &exact))
             .and_then(|pattern| self.nodes.get(pattern))
             .or_else(|| self.nodes.get(key))
     }
@@ -481,7 +490,8 @@ mod tests {
     }
 
     fn rate(c: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<(u32, Unit)> {
-        match c.limit_for(domain, entries.iter().copied())? {
+        let entries = entries.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes()));
+        match c.limit_for(domain, entries)? {
             Limit::Limited(r) => Some((r.requests_per_unit, r.unit)),
             Limit::Unlimited => Some((u32::MAX, Unit::Second)),
         }
@@ -611,13 +621,16 @@ descriptors:
         }
         let Some(Limit::Limited(vip)) = c.limit_for(
             "edge_proxy_per_ip",
-            [("to_number", "1"), ("from_number", "2061111111")],
+            [
+                (&b"to_number"[..], &b"1"[..]),
+                (b"from_number", b"2061111111"),
+            ],
         ) else {
             panic!("vip is limited");
         };
         assert_eq!(vip.name, "vip");
         let Some(Limit::Limited(shadow)) =
-            c.limit_for("edge_proxy_per_ip", [("category", "shadowed")])
+            c.limit_for("edge_proxy_per_ip", [(&b"category"[..], &b"shadowed"[..])])
         else {
             panic!("shadowed is limited");
         };

@@ -6,48 +6,111 @@
 //! ([`config`]); the ones under a limit are decided through the same limiter as the HTTP API,
 //! all or nothing (a request is counted against every limit only if every limit passes), and
 //! keyed by their entries encoded as the Wasm filter's rules encode a descriptor (namespace:
-//! the domain), so both Envoy paths count one descriptor as one key. Shadow descriptors are
-//! decided after the others and never deny.
+//! the domain), so both Envoy paths count one descriptor as one key. Keys and values are read
+//! as bytes ([`wire`]), so a header that is not UTF-8 is limited like any other. Shadow
+//! descriptors are decided beside the others, as a group of their own, and never deny. No call
+//! a client shapes is answered with an error, which Envoy would let through under
+//! `failure_mode_deny: false`.
 
 pub mod config;
+pub mod wire;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as WireUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use strata_core::identity::identifier_for;
 use strata_core::rules::push_entry;
 use strata_core::wire::{MAX_BODY_BYTES, MAX_COUNT, MAX_MULTI_LIMITS};
-use strata_core::{Decision, LimitRequest, WindowKeyRef};
+use strata_core::{Decision, LimitRequest, MultiDecision, WindowKeyRef};
 use tonic::{Request, Response, Status};
 
 use crate::Gateway;
 use crate::metrics::RlsResult;
 pub use config::{Limit, Rate, RlsConfig, RlsConfigError, Unit};
+pub use wire::RlsServer;
 
 /// Most descriptors in one call: as many as limits in one decision of the HTTP API.
 pub const MAX_DESCRIPTORS: usize = MAX_MULTI_LIMITS;
 
-/// The gRPC service over a gateway.
-#[derive(Debug, Clone)]
+/// What a call whose domain the configuration does not hold is answered (`--rls-unknown-domain`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnknownDomain {
+    /// `OVER_LIMIT`: a domain mistyped in Envoy's filter denies, and is seen at once.
+    #[default]
+    Deny,
+    /// `OK`: nothing limited, as envoyproxy/ratelimit answers it.
+    Ok,
+}
+
+impl UnknownDomain {
+    /// The setting's word.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Deny => "deny",
+            Self::Ok => "ok",
+        }
+    }
+}
+
+impl std::str::FromStr for UnknownDomain {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "deny" => Ok(Self::Deny),
+            "ok" => Ok(Self::Ok),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The service over a gateway: the descriptors it decides by (swapped whole on a reload) and
+/// the answer to an unknown domain.
+#[derive(Debug)]
 pub struct RlsService {
     gateway: Arc<Gateway>,
-    config: Arc<RlsConfig>,
+    config: RwLock<Arc<RlsConfig>>,
+    unknown_domain: UnknownDomain,
 }
 
 impl RlsService {
-    /// The service, as a tonic server bounded like the HTTP API (1 MiB a message).
-    pub fn server(gateway: Arc<Gateway>, config: Arc<RlsConfig>) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(Self { gateway, config })
-            .max_decoding_message_size(MAX_BODY_BYTES)
+    /// The service over `gateway`, deciding by `config`.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        config: Arc<RlsConfig>,
+        unknown_domain: UnknownDomain,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            gateway,
+            config: RwLock::new(config),
+            unknown_domain,
+        })
+    }
+
+    /// The gRPC server of `service`, bounded like the HTTP API (1 MiB a message).
+    pub fn server(service: Arc<Self>) -> RlsServer {
+        RlsServer::new(service, MAX_BODY_BYTES)
+    }
+
+    /// The descriptors in force.
+    pub fn config(&self) -> Arc<RlsConfig> {
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Puts `config` in force for the calls that come after.
+    pub fn replace_config(&self, config: Arc<RlsConfig>) {
+        match self.config.write() {
+            Ok(mut c) => *c = config,
+            Err(poisoned) => *poisoned.into_inner() = config,
+        }
     }
 }
 
@@ -65,76 +128,90 @@ enum Resolved {
     },
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
+/// Why a call cannot be decided as sent. It is answered all the same (an error status would
+/// be Envoy's `failure_mode_deny`, which the recommended `false` turns into a pass): an unknown
+/// domain per `--rls-unknown-domain`, anything else `OVER_LIMIT`; nothing is counted.
+enum Refusal {
+    UnknownDomain,
+    Malformed(String),
+}
+
+impl RlsService {
+    /// Decides a `ShouldRateLimit` call: every enforced descriptor all or nothing, the shadow
+    /// ones beside them as a group of their own (counted when they pass, never denying), both
+    /// at once, so the answer comes within one `--origin-timeout` however many descriptors
+    /// the call holds.
+    pub async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
+        request: Request<wire::RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let gw = &self.gateway;
         let authorization = request
             .metadata()
             .get("authorization")
             .map(|v| v.as_bytes());
+        // Envoy's own configuration sends the token, never a client: an error is right here.
         let workspace = gw.auth.workspace_of(authorization).map_err(|e| {
             gw.limiter.metrics.rls_call(RlsResult::Refused);
             Status::unauthenticated(e.to_string())
         })?;
         let call = request.get_ref();
-        let resolved = self.resolve(call).inspect_err(|s| {
-            gw.limiter.metrics.rls_call(RlsResult::Refused);
-            tracing::debug!(domain = %call.domain, message = s.message(), "rate-limit call refused");
-        })?;
-        let domain = call.domain.as_str();
-        let keyed: Vec<(usize, LimitRequest<'_>, bool)> = resolved
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match r {
-                Resolved::Limited {
-                    identifier,
-                    rate,
-                    cost,
-                } => Some((i, identifier, rate, *cost)),
-                _ => None,
-            })
-            .map(|(i, identifier, rate, cost)| {
-                WindowKeyRef::new(workspace, domain, identifier, rate.unit.duration())
-                    .map(|key| {
-                        let limit = u64::from(rate.requests_per_unit);
-                        (i, LimitRequest { key, limit, cost }, rate.shadow)
-                    })
-                    .map_err(|e| Status::invalid_argument(format!("descriptors[{i}]: {e}")))
-            })
-            .collect::<Result<_, _>>()
-            .inspect_err(|_| gw.limiter.metrics.rls_call(RlsResult::Refused))?;
+        let config = self.config();
+        let (domain, resolved) = match resolve(&config, call) {
+            Ok(r) => r,
+            Err(refusal) => return Ok(Response::new(self.refuse(call, refusal))),
+        };
+        let mut groups: [Vec<(usize, LimitRequest<'_>)>; 2] = [Vec::new(), Vec::new()];
+        for (i, r) in resolved.iter().enumerate() {
+            let Resolved::Limited {
+                identifier,
+                rate,
+                cost,
+            } = r
+            else {
+                continue;
+            };
+            let key = match WindowKeyRef::new(workspace, domain, identifier, rate.unit.duration()) {
+                Ok(key) => key,
+                Err(e) => {
+                    let refusal = Refusal::Malformed(format!("descriptors[{i}]: {e}"));
+                    return Ok(Response::new(self.refuse(call, refusal)));
+                }
+            };
+            let limit = u64::from(rate.requests_per_unit);
+            let group = usize::from(rate.shadow);
+            if let Some(g) = groups.get_mut(group) {
+                g.push((
+                    i,
+                    LimitRequest {
+                        key,
+                        limit,
+                        cost: *cost,
+                    },
+                ));
+            }
+        }
+        let [enforced, shadow] = &groups;
+        let (enforced_decided, shadow_decided) =
+            tokio::join!(self.decide(enforced), self.decide(shadow));
+        let success = enforced_decided.as_ref().is_none_or(|m| m.success);
         let mut decisions: Vec<Option<Decision>> = vec![None; resolved.len()];
-        let enforced: Vec<LimitRequest<'_>> = keyed
-            .iter()
-            .filter(|(_, _, shadow)| !shadow)
-            .map(|(_, l, _)| *l)
-            .collect();
-        let mut success = true;
-        if !enforced.is_empty() {
-            let multi = gw.limiter.decide_all(&enforced).await;
-            success = multi.success;
-            let slots = keyed.iter().filter(|(_, _, shadow)| !shadow);
-            for ((i, _, _), d) in slots.zip(multi.decisions) {
+        for (group, decided) in [(enforced, enforced_decided), (shadow, shadow_decided)] {
+            let Some(decided) = decided else { continue };
+            for ((i, _), d) in group.iter().zip(decided.decisions) {
                 if let Some(slot) = decisions.get_mut(*i) {
                     *slot = Some(d);
                 }
             }
         }
-        // A shadow limit sees the request as enforcing it would have: counted when the request
-        // passes, only checked when another limit denied it.
-        for (i, limit, _) in keyed.iter().filter(|(_, _, shadow)| *shadow) {
-            let cost = if success { limit.cost } else { 0 };
-            let d = gw.limiter.decide(LimitRequest { cost, ..*limit }).await;
-            if !d.success {
+        for (i, _) in shadow {
+            if decisions
+                .get(*i)
+                .and_then(Option::as_ref)
+                .is_some_and(|d| !d.success)
+            {
                 gw.limiter.metrics.rls_shadow_over();
-                tracing::debug!(%domain, identifier = limit.key.identifier(), "shadow limit over");
-            }
-            if let Some(slot) = decisions.get_mut(*i) {
-                *slot = Some(d);
+                tracing::debug!(%domain, descriptor = i, "shadow limit over");
             }
         }
         gw.limiter.metrics.rls_call(if success {
@@ -154,100 +231,128 @@ impl RateLimitService for RlsService {
             ..RateLimitResponse::default()
         }))
     }
-}
 
-impl RlsService {
-    /// Each descriptor's limit and cost, or why the call is refused (nothing is counted then).
-    fn resolve(&self, call: &RateLimitRequest) -> Result<Vec<Resolved>, Status> {
-        if call.domain.is_empty() {
-            return Err(Status::invalid_argument("domain must not be empty"));
+    /// One group's decision, all or nothing; `None` for a group with no limit.
+    async fn decide(&self, group: &[(usize, LimitRequest<'_>)]) -> Option<MultiDecision> {
+        if group.is_empty() {
+            return None;
         }
-        if !self.config.has_domain(&call.domain) {
-            // Answering OK would let a mistyped domain limit nothing, silently; Envoy counts
-            // this as an error (`ratelimit.error`) and applies its `failure_mode_deny`.
-            return Err(Status::not_found(format!(
-                "domain `{}` is not in the rate-limit configuration",
-                call.domain
-            )));
-        }
-        if call.descriptors.is_empty() {
-            return Err(Status::invalid_argument("descriptors must not be empty"));
-        }
-        if call.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_DESCRIPTORS} descriptors a call, got {}",
-                call.descriptors.len()
-            )));
-        }
-        call.descriptors
-            .iter()
-            .enumerate()
-            .map(|(i, d)| self.resolve_one(call, i, d))
-            .collect()
+        let limits: Vec<LimitRequest<'_>> = group.iter().map(|(_, l)| *l).collect();
+        Some(self.gateway.limiter.decide_all(&limits).await)
     }
 
-    fn resolve_one(
-        &self,
-        call: &RateLimitRequest,
-        i: usize,
-        d: &RateLimitDescriptor,
-    ) -> Result<Resolved, Status> {
-        let at = |field: &str, message: String| {
-            Status::invalid_argument(format!("descriptors[{i}].{field}: {message}"))
-        };
-        if d.is_negative_hits {
-            return Err(at(
-                "is_negative_hits",
-                "not supported: Strata's counts only grow (a G-Counter across regions)".into(),
-            ));
-        }
-        // A descriptor's own hits_addend (0 only checks), else the call's (0 means 1).
-        let cost = match &d.hits_addend {
-            Some(h) => h.value,
-            None => u64::from(call.hits_addend.max(1)),
-        };
-        if cost > MAX_COUNT {
-            return Err(at(
-                "hits_addend",
-                format!("must be at most {MAX_COUNT}, got {cost}"),
-            ));
-        }
-        let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-        let rate = match &d.limit {
-            // A limit the request carries (Envoy's `limit` action, from dynamic metadata).
-            Some(o) => {
-                let unit = Unit::from_wire(o.unit).ok_or_else(|| {
-                    at(
-                        "limit.unit",
-                        format!("{} is not a unit Strata windows (second to month)", o.unit),
-                    )
-                })?;
-                Rate {
-                    name: String::new(),
-                    requests_per_unit: o.requests_per_unit,
-                    unit,
-                    shadow: false,
+    /// The answer to a call that cannot be decided as sent, logged with why.
+    fn refuse(&self, call: &wire::RateLimitRequest, refusal: Refusal) -> RateLimitResponse {
+        self.gateway.limiter.metrics.rls_call(RlsResult::Refused);
+        let domain = String::from_utf8_lossy(&call.domain);
+        let code = match refusal {
+            Refusal::UnknownDomain => {
+                tracing::warn!(
+                    %domain,
+                    answer = self.unknown_domain.as_str(),
+                    "rate-limit call for a domain --rls-config does not hold (--rls-unknown-domain)"
+                );
+                match self.unknown_domain {
+                    UnknownDomain::Deny => Code::OverLimit,
+                    UnknownDomain::Ok => Code::Ok,
                 }
             }
-            None => match self.config.limit_for(&call.domain, entries.clone()) {
-                None => return Ok(Resolved::Free),
-                Some(Limit::Unlimited) => return Ok(Resolved::Unlimited),
-                Some(Limit::Limited(rate)) => rate.clone(),
-            },
+            Refusal::Malformed(why) => {
+                tracing::warn!(%domain, %why, "rate-limit call cannot be decided as sent: answered OVER_LIMIT");
+                Code::OverLimit
+            }
         };
-        if d.entries.is_empty() {
-            return Err(at("entries", "must not be empty under a limit".into()));
+        RateLimitResponse {
+            overall_code: code as i32,
+            ..RateLimitResponse::default()
         }
-        let mut text = String::new();
-        for (key, value) in entries {
-            push_entry(&mut text, key, value.as_bytes());
-        }
-        Ok(Resolved::Limited {
-            identifier: identifier_for(text),
-            rate,
-            cost,
-        })
     }
+}
+
+/// The call's domain and each descriptor's limit and cost, or why it cannot be decided.
+fn resolve<'c>(
+    config: &RlsConfig,
+    call: &'c wire::RateLimitRequest,
+) -> Result<(&'c str, Vec<Resolved>), Refusal> {
+    let domain = std::str::from_utf8(&call.domain).map_err(|_| Refusal::UnknownDomain)?;
+    if !config.has_domain(domain) {
+        return Err(Refusal::UnknownDomain);
+    }
+    if call.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Refusal::Malformed(format!(
+            "at most {MAX_DESCRIPTORS} descriptors a call, got {}",
+            call.descriptors.len()
+        )));
+    }
+    let resolved = call
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            resolve_one(config, domain, call.hits_addend, d)
+                .map_err(|m| Refusal::Malformed(format!("descriptors[{i}].{m}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((domain, resolved))
+}
+
+/// One descriptor's limit and cost, or the field (and why) it cannot be decided by.
+fn resolve_one(
+    config: &RlsConfig,
+    domain: &str,
+    call_hits: u32,
+    d: &wire::RateLimitDescriptor,
+) -> Result<Resolved, String> {
+    if d.is_negative_hits {
+        // A refund (Envoy's `apply_on_stream_done`): counts only grow (a G-Counter across
+        // regions), so it returns nothing, and answers OK.
+        return Ok(Resolved::Free);
+    }
+    // A descriptor's own hits_addend (0 only checks), else the call's (0 means 1). A cost
+    // beyond any count is the largest count: still more than any limit, so denied.
+    let cost = match &d.hits_addend {
+        Some(h) => h.value,
+        None => u64::from(call_hits.max(1)),
+    }
+    .min(MAX_COUNT);
+    let entries = d
+        .entries
+        .iter()
+        .map(|e| (e.key.as_slice(), e.value.as_slice()));
+    let rate = match &d.limit {
+        // A limit the request carries (Envoy's `limit` action, from dynamic metadata).
+        Some(o) => {
+            let unit = Unit::from_wire(o.unit).ok_or_else(|| {
+                format!(
+                    "limit.unit: {} is not a unit Strata windows (second to month)",
+                    o.unit
+                )
+            })?;
+            Rate {
+                name: String::new(),
+                requests_per_unit: o.requests_per_unit,
+                unit,
+                shadow: false,
+            }
+        }
+        None => match config.limit_for(domain, entries.clone()) {
+            None => return Ok(Resolved::Free),
+            Some(Limit::Unlimited) => return Ok(Resolved::Unlimited),
+            Some(Limit::Limited(rate)) => rate.clone(),
+        },
+    };
+    if d.entries.is_empty() {
+        return Err("entries: must not be empty under a limit".into());
+    }
+    let mut text = String::new();
+    for (key, value) in entries {
+        push_entry(&mut text, key, value);
+    }
+    Ok(Resolved::Limited {
+        identifier: identifier_for(text),
+        rate,
+        cost,
+    })
 }
 
 /// A descriptor's status as envoyproxy/ratelimit answers it: no limit is `OK` with none; an

@@ -127,12 +127,16 @@ pub enum Filters {
     /// Envoy's own `local_ratelimit` on the `x-api-key` descriptor: `tokens` a `fill` period.
     LocalRatelimit { tokens: u64, fill_s: u64 },
     /// Envoy's `ratelimit` filter (no Wasm) calling the gateways' rate-limit services on
-    /// `rls_ports`, round robin, for `domain`; the route sends the descriptors `key` (from
-    /// `x-api-key`) and `plan` (from `x-plan`), each only when its header is there.
+    /// `rls_ports`, round robin, for `domain`, waiting `timeout_ms` for an answer; the route
+    /// sends the descriptors `key` (from `x-api-key`), `plan` (from `x-plan`) and `tier` (from
+    /// `x-tier`), each only when its header is there, then `generic` constant ones
+    /// (`generic=g<i>`).
     Ratelimit {
         domain: String,
         failure_mode_deny: bool,
         rls_ports: Vec<u16>,
+        timeout_ms: u64,
+        generic: usize,
     },
 }
 
@@ -147,6 +151,7 @@ impl Filters {
             Filters::Ratelimit {
                 domain,
                 failure_mode_deny,
+                timeout_ms,
                 ..
             } => format!(
                 r#"          - name: envoy.filters.http.ratelimit
@@ -154,13 +159,14 @@ impl Filters {
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
               domain: {domain}
               failure_mode_deny: {failure_mode_deny}
-              timeout: 1s
+              timeout: {timeout}s
               enable_x_ratelimit_headers: DRAFT_VERSION_03
               rate_limit_service:
                 transport_api_version: V3
                 grpc_service:
                   envoy_grpc: {{ cluster_name: strata_rls }}
-"#
+"#,
+                timeout = Seconds(*timeout_ms),
             ),
             Filters::LocalRatelimit { tokens, fill_s } => format!(
                 r#"          - name: envoy.filters.http.local_ratelimit
@@ -179,15 +185,22 @@ impl Filters {
     }
 
     /// The route's `rate_limits` (local_ratelimit reads its descriptor from them).
-    fn route_extra(&self) -> &'static str {
+    fn route_extra(&self) -> String {
         match self {
             Filters::LocalRatelimit { .. } => {
-                "\n                  rate_limits: [{ actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }] }]"
+                "\n                  rate_limits: [{ actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }] }]".into()
             }
-            Filters::Ratelimit { .. } => {
-                "\n                  rate_limits:\n                  - actions: [{ request_headers: { header_name: x-api-key, descriptor_key: key } }]\n                  - actions: [{ request_headers: { header_name: x-plan, descriptor_key: plan } }]"
+            Filters::Ratelimit { generic, .. } => {
+                let mut out = String::from("\n                  rate_limits:");
+                for (header, key) in [("x-api-key", "key"), ("x-plan", "plan"), ("x-tier", "tier")] {
+                    out += &format!("\n                  - actions: [{{ request_headers: {{ header_name: {header}, descriptor_key: {key} }} }}]");
+                }
+                for i in 0..*generic {
+                    out += &format!("\n                  - actions: [{{ generic_key: {{ descriptor_key: generic, descriptor_value: g{i} }} }}]");
+                }
+                out
             }
-            _ => "",
+            _ => String::new(),
         }
     }
 

@@ -238,6 +238,10 @@ layer! {
         #[arg(long, env = "STRATA_RLS_UNKNOWN_DOMAIN", value_name = "ANSWER")]
         #[default = UnknownDomain::Deny.as_str()]
         pub rls_unknown_domain: Option<String>,
+        /// Have the rate-limit service's answers add the IETF RateLimit-Policy and RateLimit headers (and Retry-After on a denial) to Envoy's responses, through response_headers_to_add (true or false). Off, Envoy's own X-RateLimit-* headers are all a client sees.
+        #[arg(long, env = "STRATA_RLS_RATELIMIT_HEADERS", value_name = "BOOL")]
+        #[default = false]
+        pub rls_ratelimit_headers: Option<bool>,
         /// Also answer decisions with X-RateLimit-Limit, -Remaining and -Reset (true or false), as the edge and the Envoy filter can.
         #[arg(long, env = "STRATA_LEGACY_HEADERS", value_name = "BOOL")]
         #[default = false]
@@ -357,6 +361,8 @@ pub struct RlsSettings {
     pub path: Option<PathBuf>,
     /// What a call for a domain the descriptors do not hold is answered.
     pub unknown_domain: UnknownDomain,
+    /// Whether answers carry `RateLimit-Policy`, `RateLimit` and `Retry-After` for Envoy to add.
+    pub ratelimit_headers: bool,
 }
 
 impl Default for Settings {
@@ -541,6 +547,7 @@ impl Settings {
             layer.rls_listen,
             layer.rls_config,
             layer.rls_unknown_domain,
+            layer.rls_ratelimit_headers.unwrap_or(false),
             &tokens,
         )?;
         let data_dir = layer.data_dir.unwrap_or(d.data_dir);
@@ -641,6 +648,7 @@ fn rls(
     listen: Option<String>,
     config: Option<PathBuf>,
     unknown_domain: Option<String>,
+    ratelimit_headers: bool,
     tokens: &HashMap<String, String>,
 ) -> Result<Option<RlsSettings>, ConfigError> {
     let (listen, path) = match (listen, config) {
@@ -676,6 +684,7 @@ fn rls(
         config: Arc::new(config),
         path: Some(path),
         unknown_domain,
+        ratelimit_headers,
     }))
 }
 
@@ -768,7 +777,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 17, "every setting with a plain default");
+        assert_eq!(checked, 18, "every setting with a plain default");
     }
 
     #[test]

@@ -205,14 +205,18 @@ pub async fn run(
     let replay = tokio::spawn(replay_loop(gateway.clone(), stopped.clone()));
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
     let publish = tokio::spawn(publish_loop(gateway.clone(), stopped.clone()));
-    let sync = tokio::spawn(sync_loop(gateway.clone(), stopped));
+    let sync = tokio::spawn(sync_loop(gateway.clone(), stopped.clone()));
     let rls = match (listeners.rls, &gateway.settings.rls) {
         (Some(listener), Some(settings)) => {
-            let service = RlsService::server(RlsService::new(
-                gateway.clone(),
-                settings.config.clone(),
-                settings.unknown_domain,
-            ));
+            let service = RlsService::new(gateway.clone(), settings);
+            if let Some(path) = &settings.path {
+                tokio::spawn(rls::reload::reload_loop(
+                    service.clone(),
+                    path.clone(),
+                    stopped.clone(),
+                ));
+            }
+            let service = RlsService::server(service);
             let quitting = quitting.clone();
             Some(tokio::spawn(
                 tonic::transport::Server::builder()

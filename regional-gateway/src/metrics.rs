@@ -2,7 +2,9 @@
 //! Strata keeps the names, labels and buckets operators' dashboards use. Every labelled series
 //! is created up front and its handle kept, so the request path increments an atomic and takes
 //! no lock (a `Family` lookup would read-lock its map on every request); values owned elsewhere
-//! in the gateway are copied in at scrape time ([`Gauges`]).
+//! in the gateway are copied in at scrape time ([`Gauges`]). The one exception is the
+//! rate-limit service's series per configured descriptor, which a reload can add: looked up
+//! per call (a gRPC call's cost dwarfs the read lock), labelled from the configuration only.
 
 use std::time::Duration;
 
@@ -46,6 +48,7 @@ const BUCKETS: [f64; 11] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 const RLS_RESULTS: [&str; 3] = ["ok", "over_limit", "refused"];
+const RELOAD_RESULTS: [&str; 2] = ["ok", "failed"];
 /// Upper bounds of the lease size histogram, in cost units.
 const LEASE_BUCKETS: [f64; 10] = [
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1_000.0, 10_000.0,
@@ -71,6 +74,15 @@ struct OpLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+/// A descriptor of the rate-limit service: its domain and its place in the configuration
+/// (never a request's value, so the series are as many as the configuration makes).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DescriptorLabels {
+    domain: String,
+    descriptor: String,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,6 +147,10 @@ pub struct Metrics {
     rls_family: Family<ResultLabels, Counter>,
     rls_calls: [Counter; RLS_RESULTS.len()],
     rls_shadow_over: Counter,
+    rls_descriptors: Family<DescriptorLabels, Counter>,
+    rls_reload_family: Family<ResultLabels, Counter>,
+    rls_reloads: [Counter; RELOAD_RESULTS.len()],
+    rls_config_broken: Gauge,
 }
 
 /// How the rate-limit service answered a `ShouldRateLimit` call.
@@ -178,6 +194,11 @@ impl Default for Metrics {
             &rls_family,
             RLS_RESULTS.map(|result| ResultLabels { result }),
         );
+        let rls_reload_family = Family::default();
+        let rls_reloads = series(
+            &rls_reload_family,
+            RELOAD_RESULTS.map(|result| ResultLabels { result }),
+        );
         Self {
             decision_family,
             decisions,
@@ -201,6 +222,10 @@ impl Default for Metrics {
             rls_family,
             rls_calls,
             rls_shadow_over: Counter::default(),
+            rls_descriptors: Family::default(),
+            rls_reload_family,
+            rls_reloads,
+            rls_config_broken: Gauge::default(),
         }
     }
 }
@@ -223,6 +248,21 @@ impl Metrics {
             "strata_rls_calls",
             "Calls to Envoy's rate-limit service (--rls-listen), by answer: ok, over_limit, or refused (a call it cannot decide as sent: an unknown domain, answered per --rls-unknown-domain, or a malformed descriptor, answered OVER_LIMIT; nothing counted)",
             self.rls_family.clone(),
+        );
+        r.register(
+            "strata_rls_decisions",
+            "Descriptors the rate-limit service decided, by domain, descriptor (its place in --rls-config: `key_value` or `key` per level, joined by `.`; `request_limit` for a limit the request carried) and outcome: ok, over_limit, or shadow_over_limit (a shadow descriptor that would have denied)",
+            self.rls_descriptors.clone(),
+        );
+        r.register(
+            "strata_rls_config_reloads",
+            "Reloads of --rls-config after it changed or on SIGHUP, by result: ok, or failed (the last good configuration stays in force)",
+            self.rls_reload_family.clone(),
+        );
+        r.register(
+            "strata_rls_config_broken",
+            "1 while --rls-config as it is on disk does not load (the last good configuration is in force), else 0",
+            self.rls_config_broken.clone(),
         );
         r.register(
             "strata_rls_shadow_over_limit",
@@ -393,6 +433,24 @@ impl Metrics {
     /// A shadow descriptor over its limit.
     pub fn rls_shadow_over(&self) {
         self.rls_shadow_over.inc();
+    }
+
+    /// A descriptor of `domain` decided: `descriptor` is its place in the configuration.
+    pub fn rls_descriptor(&self, domain: &str, descriptor: &str, outcome: &'static str) {
+        let labels = DescriptorLabels {
+            domain: domain.to_string(),
+            descriptor: descriptor.to_string(),
+            outcome,
+        };
+        self.rls_descriptors.get_or_create(&labels).inc();
+    }
+
+    /// A reload of the rate-limit service's configuration: whether it loaded.
+    pub fn rls_reload(&self, ok: bool) {
+        if let Some(c) = self.rls_reloads.get(usize::from(!ok)) {
+            c.inc();
+        }
+        self.rls_config_broken.set(i64::from(!ok));
     }
 
     /// A `ShouldRateLimit` call answered.

@@ -72,6 +72,7 @@ async fn serve_with(tokens: &[(&str, &str)], unknown_domain: UnknownDomain) -> S
             config: Arc::new(config),
             path: None,
             unknown_domain,
+            ratelimit_headers: true,
         }),
         ..Settings::default()
     };
@@ -181,6 +182,19 @@ async fn a_descriptor_is_limited_exactly_with_its_limit_remaining_and_reset() {
         let reset = status.duration_until_reset.unwrap().seconds;
         assert!((1..=60).contains(&reset), "{reset}");
         seen.push((overall(&r), code(status), status.limit_remaining));
+        // The IETF headers for Envoy to add (`--rls-ratelimit-headers`), as the HTTP API's.
+        let added: Vec<(&str, &str)> = r
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(
+            added[0],
+            ("ratelimit-policy", "\"remote_address\";q=3;w=60")
+        );
+        assert_eq!(added[1].0, "ratelimit");
+        let retry_after = added.iter().any(|(k, _)| *k == "retry-after");
+        assert_eq!(retry_after, overall(&r) == Code::OverLimit, "{added:?}");
     }
     assert_eq!(
         seen,
@@ -262,6 +276,17 @@ async fn shadow_unlimited_and_unconfigured_descriptors_never_deny() {
     assert_eq!(
         over, 3.0,
         "three of the five calls were over the shadow limit"
+    );
+    let by_descriptor = |outcome: &str| {
+        let series = format!(
+            "strata_rls_decisions_total{{domain=\"edge\",descriptor=\"plan_trial\",outcome=\"{outcome}\"}}"
+        );
+        common::metric_sum(&metrics, |l| l.starts_with(&series))
+    };
+    assert_eq!(
+        (by_descriptor("ok"), by_descriptor("shadow_over_limit")),
+        (2.0, 3.0),
+        "{metrics}"
     );
     let r = s
         .ok(call(

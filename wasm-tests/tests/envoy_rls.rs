@@ -39,7 +39,7 @@ struct Rls {
     gateways: Vec<GatewayProcess>,
     rls_ports: Vec<u16>,
     domain: String,
-    _config: TempFile,
+    config: TempFile,
 }
 
 struct TempFile(std::path::PathBuf);
@@ -58,6 +58,11 @@ async fn gateways() -> Rls {
 /// `n` gateway processes on one private Redis, reached through a proxy that holds its answers
 /// for `slow` if given.
 async fn gateways_with(n: usize, slow: Option<Duration>) -> Rls {
+    gateways_args(n, slow, &[]).await
+}
+
+/// [`gateways_with`], each gateway also given `args`.
+async fn gateways_args(n: usize, slow: Option<Duration>, args: &[&str]) -> Rls {
     let redis = RedisServer::start();
     let slow = match slow {
         Some(delay) => Some(SlowProxy::start(redis.port, delay).await),
@@ -75,14 +80,17 @@ async fn gateways_with(n: usize, slow: Option<Duration>) -> Rls {
     let mut rls_ports = Vec::new();
     for _ in 0..n {
         let port = common::free_port();
-        let mut g = GatewayProcess::start(&[
+        let listen = format!("127.0.0.1:{port}");
+        let mut all = vec![
             "--redis-url",
             &redis_url,
             "--rls-listen",
-            &format!("127.0.0.1:{port}"),
+            &listen,
             "--rls-config",
             path.to_str().unwrap(),
-        ]);
+        ];
+        all.extend_from_slice(args);
+        let mut g = GatewayProcess::start(&all);
         g.ready(&http).await;
         gateways.push(g);
         rls_ports.push(port);
@@ -94,7 +102,7 @@ async fn gateways_with(n: usize, slow: Option<Duration>) -> Rls {
         gateways,
         rls_ports,
         domain,
-        _config: TempFile(path),
+        config: TempFile(path),
     }
 }
 
@@ -282,7 +290,8 @@ async fn failure_mode_deny_decides_when_the_gateways_are_down() {
 /// and counts them under the identifier the Wasm filter gives them (`%FF`, a digest).
 #[tokio::test]
 async fn a_key_that_is_not_utf8_or_is_long_is_limited_exactly() {
-    let s = gateways().await;
+    // One gateway: its HTTP API reads the count the service made, with no replay between.
+    let s = gateways_with(1, None).await;
     let upstream = Upstream::start().await;
     let envoy = s.envoy(false, &upstream).await;
     let long = "k".repeat(3_000);
@@ -459,5 +468,160 @@ async fn fuzzed_headers_never_make_the_service_fail_open() {
         (0, 0),
         "seed {seed}\n{}",
         envoy.log()
+    );
+}
+
+/// Writes `text` to `path` whole (a rename), as a deployment swaps a file in.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// A gateway's `strata_rls_config_reloads_total` of `result`.
+async fn reloads(http: &reqwest::Client, base: &str, result: &str) -> f64 {
+    let text = common::process::metrics(http, base).await;
+    let series = format!("strata_rls_config_reloads_total{{result=\"{result}\"}}");
+    common::process::metric_sum(&text, |l| l.starts_with(&series))
+}
+
+/// The descriptor file changed under load: the new limit applies within 2 s and no request
+/// fails; a file that does not load keeps the last good limit in force and is counted; SIGHUP
+/// reloads too. Answers carry the IETF headers (`--rls-ratelimit-headers true`), and each
+/// descriptor's decisions are counted under its place in the file.
+#[tokio::test]
+async fn the_descriptor_file_reloads_under_load_and_a_broken_one_keeps_the_last() {
+    let s = gateways_args(1, None, &["--rls-ratelimit-headers", "true"]).await;
+    let upstream = Upstream::start().await;
+    let envoy = s.envoy(false, &upstream).await;
+    let gateway = s.gateways[0].base.clone();
+
+    // The IETF headers, from the service's answers, on a pass and on a denial.
+    let (status, headers, _) = get(&s.http, &envoy.base, &[("x-api-key", "ietf")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&headers, "ratelimit-policy"),
+        Some(format!("\"key\";q={LIMIT};w=3600").as_str())
+    );
+    let ratelimit = header(&headers, "ratelimit").unwrap().to_string();
+    assert!(
+        ratelimit.starts_with(&format!("\"key\";r={};t=", LIMIT - 1)),
+        "{ratelimit}"
+    );
+    assert_eq!(header(&headers, "retry-after"), None);
+    for _ in 1..LIMIT {
+        get(&s.http, &envoy.base, &[("x-api-key", "ietf")]).await;
+    }
+    let (status, headers, _) = get(&s.http, &envoy.base, &[("x-api-key", "ietf")]).await;
+    assert_eq!(status, 429);
+    let retry: u64 = header(&headers, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+
+    // Load on other keys throughout, every answer a 200 or a 429.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (http, base, stop) = (s.http.clone(), envoy.base.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut other = Vec::new();
+            for i in 0..20_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let key = format!("load-{}", i % 64);
+                let (status, _, body) = get(&http, &base, &[("x-api-key", &key)]).await;
+                if status != 200 && status != 429 {
+                    other.push(format!("{status} {body}"));
+                }
+            }
+            other
+        })
+    };
+
+    // A key is limited at `limit` when its first `limit` pass and the next is denied.
+    let limited_at = |limit: u64, key: String| {
+        let (http, base) = (s.http.clone(), envoy.base.clone());
+        async move {
+            for _ in 0..limit {
+                if get(&http, &base, &[("x-api-key", &key)]).await.0 != 200 {
+                    return false;
+                }
+            }
+            get(&http, &base, &[("x-api-key", &key)]).await.0 == 429
+        }
+    };
+    let path = &s.config.0;
+    let three = rls_config(&s.domain).replace(
+        &format!("requests_per_unit: {LIMIT}"),
+        "requests_per_unit: 3",
+    );
+    replace_file(path, &three);
+    let written = Instant::now();
+    let mut round = 0;
+    while !limited_at(3, format!("reload-{round}")).await {
+        round += 1;
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "the new limit applied within 2 s"
+        );
+    }
+    assert_eq!(reloads(&s.http, &gateway, "ok").await, 1.0);
+
+    // A broken file: counted, and the last good limit stays.
+    replace_file(
+        path,
+        &format!(
+            "domain: {}\ndescriptors:\n  - key: key\n    rate_limit: {{unit: fortnight, requests_per_unit: 1}}\n",
+            s.domain
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reloads(&s.http, &gateway, "failed").await < 1.0 {
+        assert!(Instant::now() < deadline, "the broken file was read");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = common::process::metrics(&s.http, &gateway).await;
+    assert_eq!(
+        common::process::metric_sum(&text, |l| l.starts_with("strata_rls_config_broken ")),
+        1.0
+    );
+    assert!(
+        limited_at(3, "after-broken".into()).await,
+        "the last good limit in force"
+    );
+
+    // The good file back, then SIGHUP with nothing changed: each a reload.
+    replace_file(path, &three);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reloads(&s.http, &gateway, "ok").await < 2.0 {
+        assert!(Instant::now() < deadline, "the mended file was read");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.gateways[0].hangup();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reloads(&s.http, &gateway, "ok").await < 3.0 {
+        assert!(Instant::now() < deadline, "SIGHUP reloads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let other = load.await.unwrap();
+    assert!(
+        other.is_empty(),
+        "every request under load answered: {other:?}"
+    );
+    assert_eq!(errors(&s.http, &envoy).await, (0, 0), "{}", envoy.log());
+    // Per-descriptor counts, labelled by the file: the domain and `key`, never a request value.
+    let text = common::process::metrics(&s.http, &gateway).await;
+    let series = |outcome: &str| {
+        let prefix = format!(
+            "strata_rls_decisions_total{{domain=\"{}\",descriptor=\"key\",outcome=\"{outcome}\"}}",
+            s.domain
+        );
+        common::process::metric_sum(&text, |l| l.starts_with(&prefix))
+    };
+    assert!(series("ok") > 0.0 && series("over_limit") > 0.0, "{text}");
+    assert!(
+        !text.contains("descriptor=\"ietf\"") && !text.contains("load-"),
+        "{text}"
     );
 }

@@ -120,6 +120,11 @@ pub struct Rate {
     pub unit: Unit,
     /// `shadow_mode`: decided and counted, but never denies.
     pub shadow: bool,
+    /// The descriptor's place in the configuration, as envoyproxy/ratelimit names its stats:
+    /// each level's `key_value` (or `key` for a key's default), joined by `.`. Made of the
+    /// file's text only, never of a request's, so it can label a metric. Empty for a limit a
+    /// request carries.
+    pub descriptor: String,
 }
 
 /// One level of a descriptor tree: its nodes by `key_value` (or `key` alone, the default for
@@ -183,6 +188,12 @@ impl RlsConfig {
     /// whose `*.yaml` and `*.yml` files are read in name order. Each document is a domain; a
     /// domain given twice is an error.
     pub fn load(path: &Path) -> Result<Self, RlsConfigError> {
+        Self::from_files(path, &Self::read(path)?)
+    }
+
+    /// The name and text of every file [`load`](Self::load) reads at `path`, in its order: what
+    /// a reload compares with the last to see whether anything changed.
+    pub fn read(path: &Path) -> Result<Vec<(PathBuf, String)>, RlsConfigError> {
         let files = if path.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(|e| RlsConfigError::file(path, format!("cannot read: {e}")))?
@@ -197,11 +208,20 @@ impl RlsConfig {
         } else {
             vec![path.to_path_buf()]
         };
+        files
+            .into_iter()
+            .map(|file| match std::fs::read_to_string(&file) {
+                Ok(text) => Ok((file, text)),
+                Err(e) => Err(RlsConfigError::file(&file, format!("cannot read: {e}"))),
+            })
+            .collect()
+    }
+
+    /// The configuration of `files` as [`read`](Self::read) gave them for `path`.
+    pub fn from_files(path: &Path, files: &[(PathBuf, String)]) -> Result<Self, RlsConfigError> {
         let mut config = Self::default();
-        for file in files {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| RlsConfigError::file(&file, format!("cannot read: {e}")))?;
-            config.add_yaml(&file, &text)?;
+        for (file, text) in files {
+            config.add_yaml(file, text)?;
         }
         if config.domains.is_empty() {
             return Err(RlsConfigError::file(path, "configures no domain"));
@@ -241,7 +261,7 @@ impl RlsConfig {
                     format!("`{}` is configured twice", root.domain),
                 ));
             }
-            let level = Level::build(root.descriptors, "descriptors", &at)?;
+            let level = Level::build(root.descriptors, "descriptors", "", &at)?;
             self.domains.insert(root.domain, level);
         }
         Ok(())
@@ -249,9 +269,12 @@ impl RlsConfig {
 }
 
 impl Level {
+    /// The level of `descriptors`, found at `path` of the file, under the nodes named
+    /// `prefix`.
     fn build(
         descriptors: Vec<YamlDescriptor>,
         path: &str,
+        prefix: &str,
         at: &impl Fn(String, String) -> RlsConfigError,
     ) -> Result<Self, RlsConfigError> {
         let mut level = Self::default();
@@ -269,13 +292,23 @@ impl Level {
             if d.key.is_empty() {
                 return Err(at(format!("{here}.key"), "must not be empty".into()));
             }
-            let limit = match d.rate_limit {
-                None => None,
-                Some(r) => Some(r.limit(d.shadow_mode, &format!("{here}.rate_limit"), at)?),
-            };
             let name = match d.value.as_deref() {
                 Some(v) if !v.is_empty() => format!("{}_{v}", d.key),
                 _ => d.key.clone(),
+            };
+            let descriptor = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            let limit = match d.rate_limit {
+                None => None,
+                Some(r) => Some(r.limit(
+                    d.shadow_mode,
+                    descriptor.clone(),
+                    &format!("{here}.rate_limit"),
+                    at,
+                )?),
             };
             let name = name.into_bytes();
             if level.nodes.contains_key(&name) {
@@ -290,7 +323,12 @@ impl Level {
             if d.value.as_deref().is_some_and(|v| v.contains('*')) {
                 level.wildcards.push(name.clone());
             }
-            let children = Self::build(d.descriptors, &format!("{here}.descriptors"), at)?;
+            let children = Self::build(
+                d.descriptors,
+                &format!("{here}.descriptors"),
+                &descriptor,
+                at,
+            )?;
             level.nodes.insert(name, Node { limit, children });
         }
         Ok(level)
@@ -414,8 +452,9 @@ struct YamlDescriptor {
     descriptors: Vec<YamlDescriptor>,
     #[serde(default)]
     shadow_mode: bool,
-    /// Names the descriptor's own stats there; Strata's metrics are not per descriptor, and
-    /// the decision does not change: accepted.
+    /// Adds the request's value to the descriptor's stats there. Strata labels its
+    /// per-descriptor metrics by the configuration only (a request's value would make their
+    /// number unbounded), and the decision does not change: accepted, and changes nothing.
     #[serde(default, rename = "detailed_metric")]
     _detailed_metric: bool,
     /// As `detailed_metric`.
@@ -444,6 +483,7 @@ impl YamlRateLimit {
     fn limit(
         self,
         shadow: bool,
+        descriptor: String,
         path: &str,
         at: &impl Fn(String, String) -> RlsConfigError,
     ) -> Result<Limit, RlsConfigError> {
@@ -474,6 +514,7 @@ impl YamlRateLimit {
             requests_per_unit: self.requests_per_unit,
             unit,
             shadow,
+            descriptor,
         }))
     }
 }

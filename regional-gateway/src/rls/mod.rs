@@ -13,16 +13,19 @@
 //! `failure_mode_deny: false`.
 
 pub mod config;
+pub mod reload;
 pub mod wire;
 
 use std::sync::{Arc, RwLock};
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as WireUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
+use strata_core::headers::{Field, HeaderLimit, header_values};
 use strata_core::identity::identifier_for;
 use strata_core::rules::push_entry;
 use strata_core::wire::{MAX_BODY_BYTES, MAX_COUNT, MAX_MULTI_LIMITS};
@@ -30,6 +33,7 @@ use strata_core::{Decision, LimitRequest, MultiDecision, WindowKeyRef};
 use tonic::{Request, Response, Status};
 
 use crate::Gateway;
+use crate::config::RlsSettings;
 use crate::metrics::RlsResult;
 pub use config::{Limit, Rate, RlsConfig, RlsConfigError, Unit};
 pub use wire::RlsServer;
@@ -69,26 +73,28 @@ impl std::str::FromStr for UnknownDomain {
     }
 }
 
-/// The service over a gateway: the descriptors it decides by (swapped whole on a reload) and
-/// the answer to an unknown domain.
+/// The label of a limit a request carried, in metrics and headers (it has no place in the
+/// configuration).
+const REQUEST_LIMIT: &str = "request_limit";
+
+/// The service over a gateway: the descriptors it decides by (swapped whole on a reload), the
+/// answer to an unknown domain, and whether answers carry the IETF headers.
 #[derive(Debug)]
 pub struct RlsService {
     gateway: Arc<Gateway>,
     config: RwLock<Arc<RlsConfig>>,
     unknown_domain: UnknownDomain,
+    ratelimit_headers: bool,
 }
 
 impl RlsService {
-    /// The service over `gateway`, deciding by `config`.
-    pub fn new(
-        gateway: Arc<Gateway>,
-        config: Arc<RlsConfig>,
-        unknown_domain: UnknownDomain,
-    ) -> Arc<Self> {
+    /// The service over `gateway`, as `settings` say.
+    pub fn new(gateway: Arc<Gateway>, settings: &RlsSettings) -> Arc<Self> {
         Arc::new(Self {
             gateway,
-            config: RwLock::new(config),
-            unknown_domain,
+            config: RwLock::new(settings.config.clone()),
+            unknown_domain: settings.unknown_domain,
+            ratelimit_headers: settings.ratelimit_headers,
         })
     }
 
@@ -204,17 +210,22 @@ impl RlsService {
                 }
             }
         }
-        for (i, _) in shadow {
-            if decisions
-                .get(*i)
-                .and_then(Option::as_ref)
-                .is_some_and(|d| !d.success)
-            {
-                gw.limiter.metrics.rls_shadow_over();
-                tracing::debug!(%domain, descriptor = i, "shadow limit over");
-            }
+        let metrics = &gw.limiter.metrics;
+        for (r, d) in resolved.iter().zip(&decisions) {
+            let (Resolved::Limited { rate, .. }, Some(d)) = (r, d) else {
+                continue;
+            };
+            let outcome = match (d.success, rate.shadow) {
+                (true, _) => "ok",
+                (false, false) => "over_limit",
+                (false, true) => {
+                    metrics.rls_shadow_over();
+                    "shadow_over_limit"
+                }
+            };
+            metrics.rls_descriptor(domain, rate.label(), outcome);
         }
-        gw.limiter.metrics.rls_call(if success {
+        metrics.rls_call(if success {
             RlsResult::Ok
         } else {
             RlsResult::OverLimit
@@ -225,9 +236,15 @@ impl RlsService {
             .zip(&decisions)
             .map(|(r, d)| status(r, d.as_ref(), now))
             .collect();
+        let response_headers_to_add = if self.ratelimit_headers {
+            ietf_headers(&resolved, &decisions, now)
+        } else {
+            Vec::new()
+        };
         Ok(Response::new(RateLimitResponse {
             overall_code: if success { Code::Ok } else { Code::OverLimit } as i32,
             statuses,
+            response_headers_to_add,
             ..RateLimitResponse::default()
         }))
     }
@@ -333,6 +350,7 @@ fn resolve_one(
                 requests_per_unit: o.requests_per_unit,
                 unit,
                 shadow: false,
+                descriptor: String::new(),
             }
         }
         None => match config.limit_for(domain, entries.clone()) {
@@ -353,6 +371,58 @@ fn resolve_one(
         rate,
         cost,
     })
+}
+
+impl Rate {
+    /// What metrics and headers call this limit: its place in the configuration, or
+    /// [`REQUEST_LIMIT`].
+    fn label(&self) -> &str {
+        if self.descriptor.is_empty() {
+            REQUEST_LIMIT
+        } else {
+            &self.descriptor
+        }
+    }
+}
+
+/// `RateLimit-Policy`, `RateLimit` and, on a denial, `Retry-After` for the enforced limits of a
+/// call, as the HTTP API writes them (the core's [`header_values`]): each policy named by its
+/// `rate_limit.name`, else its place in the configuration. Envoy adds them to the response.
+fn ietf_headers(
+    resolved: &[Resolved],
+    decisions: &[Option<Decision>],
+    now_ms: u64,
+) -> Vec<HeaderValue> {
+    let limits: Vec<HeaderLimit<'_>> = resolved
+        .iter()
+        .zip(decisions)
+        .filter_map(|(r, d)| match (r, d) {
+            (Resolved::Limited { rate, .. }, Some(decision)) if !rate.shadow => Some(HeaderLimit {
+                policy: if rate.name.is_empty() {
+                    rate.label()
+                } else {
+                    &rate.name
+                },
+                duration: rate.unit.duration(),
+                decision,
+            }),
+            _ => None,
+        })
+        .collect();
+    if limits.is_empty() {
+        return Vec::new();
+    }
+    let values = header_values(&limits, now_ms);
+    [Field::Policy, Field::RateLimit, Field::RetryAfter]
+        .into_iter()
+        .filter_map(|f| {
+            values.get(f).map(|v| HeaderValue {
+                key: f.name().to_string(),
+                value: v.to_string(),
+                raw_value: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// A descriptor's status as envoyproxy/ratelimit answers it: no limit is `OK` with none; an

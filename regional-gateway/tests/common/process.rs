@@ -80,6 +80,15 @@ impl GatewayProcess {
         None
     }
 
+    /// Sends the gateway SIGHUP (it reloads `--rls-config`).
+    pub fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -HUP: {status}");
+    }
+
     /// Waits until the gateway answers `/readyz` with 200 (30 s at most; fails at once if the
     /// process exits).
     pub async fn ready(&mut self, http: &reqwest::Client) {

@@ -58,6 +58,15 @@ pub const DEFAULT_PUBLISH_FLOOR: f64 =
     strata_core::gcounter::DEFAULT_PUBLISH_FLOOR_PPM as f64 / 1_000_000.0;
 /// Default pause between deletions of expired global rows.
 pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(60);
+/// Default longest silence of a client in the middle of a request (or in taking an answer).
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest silence of a kept-alive connection between requests: longer than the idle
+/// timeouts of the gateway's clients' pools, so the gateway is rarely the side that closes.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default most connections open at once on each listener.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default time a shutdown gives requests in flight before it closes their connections.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest accepted duration setting.
 const MAX_DURATION: Duration = Duration::from_secs(3_600);
 
@@ -192,6 +201,22 @@ layer! {
         #[arg(long, env = "STRATA_REPLAY_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_REPLAY_INTERVAL]
         pub replay_interval: Option<String>,
+        /// Longest a client may stay silent in the middle of a request (its headers or body), or go without taking a byte of an answer; past it the connection is closed. On the rate-limit service, the bound on one call.
+        #[arg(long, env = "STRATA_READ_TIMEOUT", value_name = "DURATION")]
+        #[default = DEFAULT_READ_TIMEOUT]
+        pub read_timeout: Option<String>,
+        /// Longest a kept-alive HTTP connection may wait for its next request before it is closed.
+        #[arg(long, env = "STRATA_IDLE_TIMEOUT", value_name = "DURATION")]
+        #[default = DEFAULT_IDLE_TIMEOUT]
+        pub idle_timeout: Option<String>,
+        /// Most connections open at once on each listener (the HTTP API, the rate-limit service); past it the gateway accepts no more until one closes.
+        #[arg(long, env = "STRATA_MAX_CONNECTIONS", value_name = "CONNECTIONS")]
+        #[default = DEFAULT_MAX_CONNECTIONS]
+        pub max_connections: Option<usize>,
+        /// On SIGTERM, how long requests in flight get to finish before their connections are closed; the replay is drained and the last flush made after.
+        #[arg(long, env = "STRATA_SHUTDOWN_TIMEOUT", value_name = "DURATION")]
+        #[default = DEFAULT_SHUTDOWN_TIMEOUT]
+        pub shutdown_timeout: Option<String>,
         /// Most window keys held in local memory.
         #[arg(long, env = "STRATA_TABLE_CAPACITY", value_name = "KEYS")]
         #[default = DEFAULT_TABLE_CAPACITY]
@@ -328,6 +353,10 @@ pub struct Settings {
     pub replay_interval: Duration,
     /// Most window keys in local memory.
     pub table_capacity: usize,
+    /// What a client connection may hold the gateway to.
+    pub connections: crate::listener::ConnectionLimits,
+    /// How long a shutdown waits for requests in flight.
+    pub shutdown_timeout: Duration,
     /// The global table's URL.
     pub database_url: String,
     /// Pause between flushes.
@@ -381,6 +410,12 @@ impl Default for Settings {
             origin_timeout: DEFAULT_ORIGIN_TIMEOUT,
             replay_interval: DEFAULT_REPLAY_INTERVAL,
             table_capacity: DEFAULT_TABLE_CAPACITY,
+            connections: crate::listener::ConnectionLimits {
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                read_timeout: Some(DEFAULT_READ_TIMEOUT),
+                idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            },
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             database_url: default_database_url(Path::new(DEFAULT_DATA_DIR)),
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             sync_interval: DEFAULT_SYNC_INTERVAL,
@@ -597,6 +632,28 @@ impl Settings {
                 Some(n) => n,
                 None => d.table_capacity,
             },
+            connections: crate::listener::ConnectionLimits {
+                max_connections: match layer.max_connections {
+                    Some(0) => return Err(err("--max-connections", "must be at least 1")),
+                    Some(n) => n,
+                    None => d.connections.max_connections,
+                },
+                read_timeout: Some(duration(
+                    "--read-timeout",
+                    layer.read_timeout,
+                    DEFAULT_READ_TIMEOUT,
+                )?),
+                idle_timeout: Some(duration(
+                    "--idle-timeout",
+                    layer.idle_timeout,
+                    DEFAULT_IDLE_TIMEOUT,
+                )?),
+            },
+            shutdown_timeout: duration(
+                "--shutdown-timeout",
+                layer.shutdown_timeout,
+                d.shutdown_timeout,
+            )?,
             legacy_headers: layer.legacy_headers.unwrap_or(d.legacy_headers),
             failure_mode: match layer.failure_mode {
                 None => d.failure_mode,
@@ -777,7 +834,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 18, "every setting with a plain default");
+        assert_eq!(checked, 22, "every setting with a plain default");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! | [`api`] | routes, the JSON body extractor, handlers, the OpenAPI description |
 //! | [`auth`] | bearer tokens → workspaces |
 //! | [`rls`] | Envoy's rate-limit service (gRPC) and its descriptor configuration |
+//! | [`listener`] | the listeners' bounds: connections open at once, read and idle timeouts, accept backoff |
 //! | [`limiter`] | the decision flow over the core's request path, and replay |
 //! | [`local`] | the core's table, sharded behind mutexes |
 //! | [`origin`] | the regional origin backends, with timeout, breaker and metrics |
@@ -24,13 +25,14 @@ pub mod config;
 pub mod error;
 pub mod global;
 pub mod limiter;
+pub mod listener;
 pub mod local;
 pub mod metrics;
 pub mod origin;
 pub mod rls;
 pub mod steps;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,13 +41,13 @@ use std::time::Duration;
 use strata_core::origin::OriginPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::auth::Auth;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::global::{Global, Store, StoreError, create_sqlite_dir};
 use crate::limiter::Limiter;
+use crate::listener::BoundedListener;
 use crate::local::LocalTables;
 use crate::metrics::Metrics;
 use crate::origin::{MemoryOrigin, Origin, OriginClient, RedisOrigin};
@@ -188,9 +190,10 @@ impl Listeners {
 }
 
 /// Serves `gateway` on `listeners` until `shutdown` completes, with the replay and janitor
-/// loops alongside; on shutdown, stops accepting, finishes in-flight requests, drains the
-/// replay buffer to the origin, then flushes to the global table a last time (after the drain,
-/// so what it delivered is published too).
+/// loops alongside; on shutdown, stops accepting and gives in-flight requests up to
+/// `--shutdown-timeout` (a client that stalls cannot hold the process: its connection is
+/// closed then), drains the replay buffer to the origin, then flushes to the global table a last
+/// time (after the drain, so what it delivered is published too).
 pub async fn run(
     gateway: Arc<Gateway>,
     listeners: Listeners,
@@ -206,6 +209,7 @@ pub async fn run(
     let janitor = tokio::spawn(janitor_loop(gateway.clone(), stopped.clone()));
     let publish = tokio::spawn(publish_loop(gateway.clone(), stopped.clone()));
     let sync = tokio::spawn(sync_loop(gateway.clone(), stopped.clone()));
+    let limits = gateway.settings.connections;
     let rls = match (listeners.rls, &gateway.settings.rls) {
         (Some(listener), Some(settings)) => {
             let service = RlsService::new(gateway.clone(), settings);
@@ -216,24 +220,57 @@ pub async fn run(
                     stopped.clone(),
                 ));
             }
-            let service = RlsService::server(service);
-            let quitting = quitting.clone();
+            // gRPC keeps Envoy's connections open and multiplexes calls on them: a call is
+            // bounded as a whole (`--read-timeout`), idle connections are kept (pinged, so a
+            // peer that vanished is dropped), and only the bound on connections is the
+            // listener's.
+            let incoming = BoundedListener::new(
+                listener,
+                listener::ConnectionLimits {
+                    read_timeout: None,
+                    idle_timeout: None,
+                    ..limits
+                },
+            )
+            .incoming();
+            let mut server = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(30)));
+            if let Some(t) = limits.read_timeout {
+                server = server.timeout(t);
+            }
             Some(tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), changed(quitting)),
+                server
+                    .add_service(RlsService::server(service))
+                    .serve_with_incoming_shutdown(incoming, changed(quitting.clone())),
             ))
         }
         _ => None,
     };
-    let served = axum::serve(listeners.http, app(gateway.clone()))
-        .with_graceful_shutdown(changed(quitting))
-        .await;
+    let http = tokio::spawn(
+        axum::serve(
+            BoundedListener::new(listeners.http, limits),
+            app(gateway.clone()),
+        )
+        .with_graceful_shutdown(changed(quitting.clone()))
+        .into_future(),
+    );
+    changed(quitting).await;
+    // In-flight requests get the rest of the deadline; connections still open past it (a
+    // client that stalls mid-request, or never reads its answer) are closed.
+    let deadline = tokio::time::Instant::now() + gateway.settings.shutdown_timeout;
+    let served = match finish_by(http, deadline, "the HTTP API").await {
+        Some(Ok(served)) => served,
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "the HTTP API ended abnormally");
+            Ok(())
+        }
+        None => Ok(()),
+    };
     if let Some(rls) = rls {
-        match rls.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the rate-limit service failed"),
-            Err(e) => tracing::error!(error = %e, "the rate-limit service ended abnormally"),
+        match finish_by(rls, deadline, "the rate-limit service").await {
+            Some(Ok(Ok(()))) | None => {}
+            Some(Ok(Err(e))) => tracing::error!(error = %e, "the rate-limit service failed"),
+            Some(Err(e)) => tracing::error!(error = %e, "the rate-limit service ended abnormally"),
         }
     }
     let _ = stop.send(true);
@@ -252,6 +289,26 @@ pub async fn run(
         tracing::warn!(error = %e, "shutdown: last global flush failed");
     }
     served
+}
+
+/// `server`'s end, awaited until `deadline`; past it the server (and every connection it holds)
+/// is dropped and `None` returned.
+async fn finish_by<T>(
+    mut server: tokio::task::JoinHandle<T>,
+    deadline: tokio::time::Instant,
+    what: &str,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    match tokio::time::timeout_at(deadline, &mut server).await {
+        Ok(joined) => Some(joined),
+        Err(_) => {
+            server.abort();
+            tracing::warn!(
+                server = what,
+                "shutdown: requests still open at --shutdown-timeout; their connections are closed"
+            );
+            None
+        }
+    }
 }
 
 /// Completes when `flag` turns true (or its sender is gone).

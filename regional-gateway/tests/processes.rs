@@ -504,3 +504,170 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
     }
     held.abort();
 }
+
+/// A connection to `base`'s address with one whole `POST /v1/ratelimit` answered on it (so
+/// the gateway serves the connection), kept alive for more.
+async fn served_connection(base: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(address).await.unwrap();
+    let body = r#"{"namespace":"api","identifier":"held","limit":100,"duration":60000}"#;
+    let request = format!(
+        "POST /v1/ratelimit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0_u8; 4096];
+    // One answer: its headers, then the body its Content-Length gives.
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") || !answer.ends_with(b"}") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the gateway closed a fresh connection");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    s
+}
+
+/// The headers of a `POST /v1/ratelimit` and 1 byte of its 100-byte body, then silence: a
+/// stalled client.
+async fn stall(s: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(
+        b"POST /v1/ratelimit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+}
+
+/// What the gateway wrote on `s` before closing it (the client reads the end of the stream, or
+/// a reset), if it closes it within `within`.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0_u8; 4096];
+    let mut said = Vec::new();
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(String::from_utf8_lossy(&said).into_owned()),
+            Ok(Ok(n)) => said.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A client that sends half a request and waits cannot hold the gateway's shutdown: SIGTERM
+/// stops it within `--shutdown-timeout`, and the replay and the last flush still happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_client_does_not_hold_the_shutdown() {
+    let http = reqwest::Client::new();
+    let log = std::env::temp_dir().join(format!("strata-stalled-{}.log", std::process::id()));
+    // A read timeout far past the test, so only the shutdown deadline can end the stall.
+    let mut g = GatewayProcess::start_logged(
+        &[
+            "--shutdown-timeout",
+            "2s",
+            "--read-timeout",
+            "1h",
+            "--replay-interval",
+            "1h",
+        ],
+        &[],
+        Some(&log),
+    );
+    g.ready(&http).await;
+    let mut held = served_connection(&g.base).await;
+    stall(&mut held).await;
+    let started = Instant::now();
+    let code = g.terminate();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(
+        code,
+        Some(0),
+        "the gateway exited (in {:?})\n{text}",
+        started.elapsed()
+    );
+    assert!(
+        text.contains("shutdown: requests still open at --shutdown-timeout")
+            && text.contains("shutdown: replay delivered"),
+        "{text}"
+    );
+    drop(held);
+}
+
+/// A client silent in the middle of a request is disconnected after `--read-timeout`; a
+/// kept-alive connection is not (it is idle, not stalled), until `--idle-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_is_disconnected_after_the_read_timeout_an_idle_one_after_the_idle_timeout()
+{
+    let http = reqwest::Client::new();
+    let mut g = GatewayProcess::start(&["--read-timeout", "1s", "--idle-timeout", "4s"]);
+    g.ready(&http).await;
+    let mut stalled = served_connection(&g.base).await;
+    stall(&mut stalled).await;
+    let mut idle = served_connection(&g.base).await;
+    let started = Instant::now();
+    let said = closed_within(&mut stalled, Duration::from_secs(10)).await;
+    let said = said.expect("a stalled request is cut");
+    assert!(
+        said.starts_with("HTTP/1.1 400") && said.contains("request body not received whole"),
+        "{said}"
+    );
+    let cut_after = started.elapsed();
+    assert!(
+        cut_after < Duration::from_secs(4),
+        "cut by --read-timeout, not later: {cut_after:?}"
+    );
+    // The idle connection outlived the read timeout, and is closed at the idle timeout.
+    assert!(
+        closed_within(&mut idle, Duration::from_millis(1_500))
+            .await
+            .is_none(),
+        "an idle connection is not cut at --read-timeout"
+    );
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "an idle connection is cut at --idle-timeout"
+    );
+}
+
+/// Past `--max-connections` the gateway accepts no more: a third connection is answered only
+/// once one of the two held open closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_bound_wait_for_a_free_one() {
+    // Readiness is checked on connections the client does not keep: both places free after.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut g = GatewayProcess::start(&["--max-connections", "2"]);
+    g.ready(&http).await;
+    let bounded = Duration::from_secs(10);
+    let first = tokio::time::timeout(bounded, served_connection(&g.base))
+        .await
+        .unwrap();
+    let _second = tokio::time::timeout(bounded, served_connection(&g.base))
+        .await
+        .unwrap();
+    let base = g.base.clone();
+    let third = tokio::spawn(async move { served_connection(&base).await });
+    // While both places are held, the third is not served.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection served past --max-connections 2"
+    );
+    drop(first);
+    let served = tokio::time::timeout(Duration::from_secs(10), third).await;
+    assert!(
+        served.is_ok_and(|r| r.is_ok()),
+        "the third served once a place is free"
+    );
+}

@@ -68,7 +68,23 @@ async fn authorized<T: DeserializeOwned>(
     }
     let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
         .await
-        .map_err(|_| too_large())?;
+        .map_err(|e| {
+            // Past the bound, or the connection failed mid-body (a client silent past
+            // --read-timeout): only the first is the body's size.
+            let failed_io =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .any(|e| e.is::<std::io::Error>());
+            if failed_io {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("request body not received whole: {e}"),
+                )
+            } else {
+                too_large()
+            }
+        })?;
     let body = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             ErrorCode::InvalidRequest,

@@ -34,6 +34,15 @@ impl GatewayProcess {
 
     /// [`start`](Self::start) with `env` set for the process.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_logged(args, env, None)
+    }
+
+    /// [`start_with_env`](Self::start_with_env), its log (at `info`) written to `log` if given.
+    pub fn start_logged(
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&std::path::Path>,
+    ) -> Self {
         let port = super::free_port();
         let mut command = Command::new(super::gateway_binary());
         for (key, _) in std::env::vars_os() {
@@ -51,10 +60,19 @@ impl GatewayProcess {
             dir
         });
         command.envs(env.iter().copied());
+        let stderr = match log {
+            Some(path) => {
+                command.env("STRATA_LOG", "info");
+                Stdio::from(std::fs::File::create(path).unwrap())
+            }
+            None => {
+                command.env("STRATA_LOG", "warn");
+                Stdio::inherit()
+            }
+        };
         let child = command
-            .env("STRATA_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         Self {

@@ -11,6 +11,7 @@
 //! Rules are parsed once ([`RuleSet::from_json`]); every error names the field at fault, as
 //! `rules[2].actions[0].request_headers.header_name: …`.
 
+use alloc::borrow::Cow;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -98,6 +99,86 @@ pub fn host_of(authority: &str) -> &str {
 pub fn path_of(target: &str) -> &str {
     let path = target.split(['?', '#']).next().unwrap_or("");
     if path.is_empty() { "/" } else { path }
+}
+
+/// The path as the rules match it, as Envoy's `normalize_path` and `merge_slashes` make it and
+/// as an upstream that normalizes would route it: `%XX` of an unreserved character (or of
+/// `/`) decoded, runs of `/` merged, and `.` and `..` segments removed (RFC 3986 §5.2.4). So
+/// `//login`, `/%6Cogin` and `/x/../login` all meet a `path_prefix` of `/login`. Borrowed when
+/// the path is already normal, as nearly every path is.
+pub fn normalized_path(path: &str) -> Cow<'_, str> {
+    let normal = !path.contains('%')
+        && !path.contains("//")
+        && !path.split('/').any(|s| s == "." || s == "..");
+    if normal || !path.starts_with('/') {
+        return Cow::Borrowed(path);
+    }
+    let decoded = percent_decode_unreserved(path);
+    let mut kept: Vec<&str> = Vec::new();
+    let mut trailing_slash = false;
+    // The first piece is the empty one before the leading `/`; empty pieces after it are the
+    // merged runs of `/`.
+    let pieces: Vec<&str> = decoded.split('/').skip(1).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        let last = i + 1 == pieces.len();
+        match *piece {
+            "" | "." => trailing_slash |= last,
+            ".." => {
+                kept.pop();
+                trailing_slash |= last;
+            }
+            segment => {
+                kept.push(segment);
+                trailing_slash = false;
+            }
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for segment in &kept {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if out.is_empty() || trailing_slash {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
+
+/// `path` with each `%XX` of an unreserved character (RFC 3986: letters, digits, `-._~`) or of
+/// `/` decoded; every other escape kept, in upper-case hex.
+fn percent_decode_unreserved(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let escaped = (b == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|hex| core::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(c) if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) => {
+                out.push(char::from(c));
+                i += 3;
+            }
+            Some(c) => {
+                use core::fmt::Write as _;
+                let _ = write!(out, "%{c:02X}");
+                i += 3;
+            }
+            None => {
+                // A whole UTF-8 character (the path is a `str`): copy it as it is.
+                let len = path
+                    .get(i..)
+                    .and_then(|rest| rest.chars().next())
+                    .map_or(1, char::len_utf8);
+                out.push_str(path.get(i..i + len).unwrap_or_default());
+                i += len;
+            }
+        }
+    }
+    out
 }
 
 /// A peer address (`ip:port`, `[v6]:port`, or a bare address) without its port.
@@ -349,7 +430,7 @@ impl Match {
             && self
                 .path_prefix
                 .as_deref()
-                .is_none_or(|p| request.path().starts_with(p))
+                .is_none_or(|p| normalized_path(request.path()).starts_with(p))
             && self.headers.iter().all(|h| h.matches(request))
     }
 }

@@ -18,7 +18,7 @@ use strata_core::gate::{Gate, GateError, GateOptions, REPLY_HEADER_NAMES, Reply}
 use strata_core::identity::{DIGEST_MARKER, MAX_IDENTIFIER_BYTES, identifier_for};
 use strata_core::rules::{
     Applied, ListRequest, MAX_RULES, RequestError, RequestView, RuleError, RuleSet,
-    parse_duration_ms, push_entry,
+    normalized_path, parse_duration_ms, push_entry,
 };
 use strata_core::{CounterTable, FailureMode, TableConfig};
 use support::driver;
@@ -1544,8 +1544,60 @@ fn encode_entries(entries: &[(Spelled, Spelled)]) -> String {
     out
 }
 
+/// The path a rule's `path_prefix` meets is the normalized one: a client cannot step around a
+/// prefix with doubled slashes, escapes of plain characters or dot segments.
+#[test]
+fn paths_are_matched_normalized() {
+    for (path, want) in [
+        ("/login", "/login"),
+        ("//login", "/login"),
+        ("/%6Cogin", "/login"),
+        ("/%6cogin", "/login"),
+        ("/x/../login", "/login"),
+        ("/X/../x", "/x"),
+        ("/./login/./", "/login/"),
+        ("/%2e%2e/login", "/login"),
+        ("/a/%2Flogin", "/a/login"),
+        ("/a/b/..", "/a/"),
+        ("/..", "/"),
+        ("/", "/"),
+        ("/caf%c3%a9", "/caf%C3%A9"),
+        ("/50%", "/50%"),
+        ("/%+5", "/%+5"),
+        ("/é//x", "/é/x"),
+    ] {
+        assert_eq!(normalized_path(path), want, "{path}");
+    }
+    let rules = one(
+        json!([generic("login")]),
+        json!({"match": {"path_prefix": "/login"}}),
+    );
+    for path in ["/login", "//login", "/%6Cogin", "/x/../login", "/./login"] {
+        assert_eq!(
+            rules.apply(&get(path)).unwrap().len(),
+            1,
+            "{path} meets /login"
+        );
+    }
+    assert!(rules.apply(&get("/logout")).unwrap().is_empty());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Normalizing twice changes nothing, and a normalized path has no doubled slash and no
+    /// dot segment.
+    #[test]
+    fn normalized_paths_are_normal(pieces in prop::collection::vec(
+        prop_oneof![Just("/"), Just("."), Just(".."), Just("%2e"), Just("%2F"), Just("%6C"),
+                    Just("a"), Just("é"), Just("%"), Just("%zz")], 0..12)) {
+        let path = format!("/{}", pieces.concat());
+        let once = normalized_path(&path).into_owned();
+        let twice = normalized_path(&once).into_owned();
+        prop_assert_eq!(&twice, &once);
+        prop_assert!(!once.contains("//"), "{}", once);
+        prop_assert!(!once.split('/').any(|s| s == "." || s == ".."), "{}", once);
+    }
 
     /// Two descriptors share an encoding only when every key and value byte is the same: a
     /// key or value that is not UTF-8 is spelt `%XX`, never confused with the text `%XX`.

@@ -606,6 +606,31 @@ async fn envoys_trusted_address_decides_behind_a_proxy_and_facing_clients() {
     );
 }
 
+/// A `path_prefix` limit holds for every spelling of its path (`//x`, `/%78`, `/X/../x`):
+/// through an Envoy that does not normalize paths (the rules do), and through one configured as
+/// `envoy-wasm/envoy.yaml` is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_prefix_limit_holds_for_every_spelling_of_its_path() {
+    let rules = common::paths::rules()["rules"].clone();
+    let hardened = [
+        "normalize_path: true",
+        "merge_slashes: true",
+        "path_with_escaped_slashes_action: UNESCAPE_AND_REDIRECT",
+    ];
+    for (name, hcm) in [
+        ("raw paths", &[][..]),
+        ("envoy.yaml's normalization", &hardened[..]),
+    ] {
+        let s = stack().await;
+        let e = envoy_hcm(&s, &rules, &json!({}), hcm).await;
+        common::paths::check(
+            &format!("envoy, {name}"),
+            e.base.trim_start_matches("http://"),
+        )
+        .await;
+    }
+}
+
 /// Keys of 300 and 4,000 bytes limited exactly and apart; a cost that is not digits is a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {

@@ -682,6 +682,16 @@ async fn remote_address_counts_the_trusted_address_whatever_a_client_invents() {
     assert!(body.contains("xff_num_trusted_hops"), "{body}");
 }
 
+/// A `path_prefix` limit holds for every spelling of its path (`//x`, `/%78`, `/X/../x`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_prefix_limit_holds_for_every_spelling_of_its_path() {
+    let s = stack().await;
+    let rules = common::paths::rules().to_string();
+    let mut edge = Workerd::proxy(&edge_vars(&s, &rules));
+    edge.ready().await;
+    common::paths::check("workerd", edge.base.trim_start_matches("http://")).await;
+}
+
 /// Keys of 300 and 4,000 bytes limited exactly and apart; a cost that is not digits is a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_of_any_length_are_limited_exactly_and_costs_are_digits() {

@@ -19,6 +19,7 @@ pub mod hostile;
 pub mod identity;
 pub mod memory;
 pub mod message;
+pub mod paths;
 #[path = "../../../regional-gateway/tests/common/port.rs"]
 mod port;
 #[path = "../../../regional-gateway/tests/common/process.rs"]

@@ -16,7 +16,7 @@ pub mod config;
 pub mod reload;
 pub mod wire;
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -85,6 +85,8 @@ pub struct RlsService {
     config: RwLock<Arc<RlsConfig>>,
     unknown_domain: UnknownDomain,
     ratelimit_headers: bool,
+    /// Refusals repeat with every request of a misconfigured Envoy: one line per 10 s.
+    refusals: Mutex<strata_core::driver::Quiet>,
 }
 
 impl RlsService {
@@ -95,6 +97,7 @@ impl RlsService {
             config: RwLock::new(settings.config.clone()),
             unknown_domain: settings.unknown_domain,
             ratelimit_headers: settings.ratelimit_headers,
+            refusals: Mutex::default(),
         })
     }
 
@@ -258,27 +261,37 @@ impl RlsService {
         Some(self.gateway.limiter.decide_all(&limits).await)
     }
 
-    /// The answer to a call that cannot be decided as sent, logged with why.
+    /// The answer to a call that cannot be decided as sent, logged with why (once per 10 s
+    /// with how many more there were: they repeat with every request).
     fn refuse(&self, call: &wire::RateLimitRequest, refusal: Refusal) -> RateLimitResponse {
         self.gateway.limiter.metrics.rls_call(RlsResult::Refused);
         let domain = String::from_utf8_lossy(&call.domain);
-        let code = match refusal {
-            Refusal::UnknownDomain => {
-                tracing::warn!(
-                    %domain,
-                    answer = self.unknown_domain.as_str(),
-                    "rate-limit call for a domain --rls-config does not hold (--rls-unknown-domain)"
-                );
+        let (code, message) = match refusal {
+            Refusal::UnknownDomain => (
                 match self.unknown_domain {
                     UnknownDomain::Deny => Code::OverLimit,
                     UnknownDomain::Ok => Code::Ok,
-                }
-            }
-            Refusal::Malformed(why) => {
-                tracing::warn!(%domain, %why, "rate-limit call cannot be decided as sent: answered OVER_LIMIT");
-                Code::OverLimit
-            }
+                },
+                format!(
+                    "rate-limit call for domain `{domain}`, which --rls-config does not hold: answered per --rls-unknown-domain ({})",
+                    self.unknown_domain.as_str()
+                ),
+            ),
+            Refusal::Malformed(why) => (
+                Code::OverLimit,
+                format!(
+                    "rate-limit call for domain `{domain}` cannot be decided as sent ({why}): answered OVER_LIMIT"
+                ),
+            ),
         };
+        let now = self.gateway.limiter.clock.now_ms();
+        let line = match self.refusals.lock() {
+            Ok(mut quiet) => quiet.line(now, message),
+            Err(poisoned) => poisoned.into_inner().line(now, message),
+        };
+        if let Some(line) = line {
+            tracing::warn!("{}", line.message);
+        }
         RateLimitResponse {
             overall_code: code as i32,
             ..RateLimitResponse::default()

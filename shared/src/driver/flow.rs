@@ -209,15 +209,18 @@ struct Lane {
     pace: Option<wire::ReplayPace>,
 }
 
-/// A warning that may repeat: logged once per [`LOG_EVERY_MS`].
+/// A warning that may repeat (every call failing, every call of a misconfigured client):
+/// logged once per [`LOG_EVERY_MS`], with the number of the ones left out.
 #[derive(Clone, Copy, Debug, Default)]
-struct Quiet {
+pub struct Quiet {
     next_at: u64,
     left_out: u64,
 }
 
 impl Quiet {
-    fn line(&mut self, now_ms: u64, message: String) -> Option<Log> {
+    /// The line to log for `message` at `now_ms`, or `None` if one was logged less than
+    /// [`LOG_EVERY_MS`] ago (it is counted, and the next line says how many were left out).
+    pub fn line(&mut self, now_ms: u64, message: String) -> Option<Log> {
         if now_ms < self.next_at {
             self.left_out += 1;
             return None;

@@ -45,7 +45,7 @@ use alloc::vec::Vec;
 
 pub use flow::{
     CallKind, DecidedBy, Dispatch, Flow, FlowConfig, FlowStats, GroupDone, GroupId, LOG_EVERY_MS,
-    Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Settled, replay_backoff,
+    Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Quiet, Settled, replay_backoff,
 };
 pub use store::{Home, Store, TableStore, refused};
 

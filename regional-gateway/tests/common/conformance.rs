@@ -191,33 +191,44 @@ where
     C: Fn() -> CFut,
     CFut: Future<Output = u64>,
 {
-    let before = calls().await;
-    let (mut admitted, mut slowest) = (0, Duration::ZERO);
-    for (answer, took) in at_once(key, send).await {
-        admitted += u64::from(answer.unwrap_or_else(|e| panic!("{runtime}: {e}")));
-        slowest = slowest.max(took);
-    }
-    // The origin may still be answering the second call (the requests gave up on it).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut made = calls().await - before;
-    while made < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // A machine that stalls past the timeout before the first answer comes makes every
+    // request time out at once: bounded and limited still, but with one call the row did not
+    // set up what it tests. It is set up again on a fresh key then, three times at most.
+    let mut made = 0;
+    for attempt in 0..3 {
+        let key = format!("{key}-{attempt}");
+        let before = calls().await;
+        let (mut admitted, mut slowest) = (0, Duration::ZERO);
+        for (answer, took) in at_once(&key, send.clone()).await {
+            admitted += u64::from(answer.unwrap_or_else(|e| panic!("{runtime}: {e}")));
+            slowest = slowest.max(took);
+        }
+        // The origin may still be answering the second call (the requests gave up on it).
+        let deadline = Instant::now() + Duration::from_secs(5);
         made = calls().await - before;
+        while made < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            made = calls().await - before;
+        }
+        println!(
+            "conformance {runtime}: {REQUESTS} requests at once on a cold key, the origin \
+             {LATE_DELAY:?} late: {made} decision calls, {admitted} admitted, slowest answer \
+             {slowest:?}"
+        );
+        let bound = Duration::from_millis(LATE_TIMEOUT_MS + LATE_SLACK_MS);
+        assert!(
+            slowest <= bound,
+            "{runtime}: an answer took {slowest:?}, over {bound:?}"
+        );
+        assert!(admitted <= LATE_LIMIT, "{runtime}: {admitted} admitted");
+        if made >= 2 {
+            break;
+        }
     }
-    println!(
-        "conformance {runtime}: {REQUESTS} requests at once on a cold key, the origin {LATE_DELAY:?} \
-         late: {made} decision calls, {admitted} admitted, slowest answer {slowest:?}"
-    );
-    let bound = Duration::from_millis(LATE_TIMEOUT_MS + LATE_SLACK_MS);
-    assert!(
-        slowest <= bound,
-        "{runtime}: an answer took {slowest:?}, over {bound:?}"
-    );
     assert!(
         made >= 2,
-        "{runtime}: {made} decision calls; the row needs a second"
+        "{runtime}: {made} decision calls in three tries; the row needs a second"
     );
-    assert!(admitted <= LATE_LIMIT, "{runtime}: {admitted} admitted");
 }
 
 /// `REQUESTS` requests at once on `key`: each one's answer, and how long it took.

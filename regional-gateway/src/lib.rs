@@ -291,8 +291,9 @@ pub async fn run(
     served
 }
 
-/// `server`'s end, awaited until `deadline`; past it the server (and every connection it holds)
-/// is dropped and `None` returned.
+/// `server`'s end, awaited until `deadline`; past it the server's task is aborted and `None`
+/// returned. Connections it spawned still open are no longer waited for: the process closes them
+/// as it exits, after the replay drain and the last flush.
 async fn finish_by<T>(
     mut server: tokio::task::JoinHandle<T>,
     deadline: tokio::time::Instant,

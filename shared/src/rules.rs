@@ -421,16 +421,26 @@ pub struct Match {
 impl Match {
     /// Whether `request` is one of the rule's.
     pub fn matches(&self, request: &impl RequestView) -> bool {
+        self.matches_with(request, &mut None)
+    }
+
+    /// [`matches`](Self::matches), with the request's [`normalized_path`] made at most once
+    /// for all the rules of a set (`path`: `None` until a rule first needs it).
+    fn matches_with<'r>(
+        &self,
+        request: &'r impl RequestView,
+        path: &mut Option<Cow<'r, str>>,
+    ) -> bool {
         (self.methods.is_empty() || self.methods.iter().any(|m| m == request.method()))
             && (self.hosts.is_empty()
                 || self
                     .hosts
                     .iter()
                     .any(|h| h.eq_ignore_ascii_case(request.host())))
-            && self
-                .path_prefix
-                .as_deref()
-                .is_none_or(|p| normalized_path(request.path()).starts_with(p))
+            && self.path_prefix.as_deref().is_none_or(|p| {
+                path.get_or_insert_with(|| normalized_path(request.path()))
+                    .starts_with(p)
+            })
             && self.headers.iter().all(|h| h.matches(request))
     }
 }
@@ -656,8 +666,9 @@ impl RuleSet {
     /// ([`identifier_for`]).
     pub fn applies(&self, request: &impl RequestView) -> Result<Applies, RequestError> {
         let mut applies = Applies::default();
+        let mut path = None;
         for (i, rule) in self.rules.iter().enumerate() {
-            if !rule.matcher.matches(request) {
+            if !rule.matcher.matches_with(request, &mut path) {
                 continue;
             }
             let identifier = match descriptor(&rule.actions, request, &self.client_address) {

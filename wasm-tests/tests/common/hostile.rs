@@ -120,7 +120,9 @@ pub fn fuzz_request(rng: &mut Rng) -> Vec<u8> {
         rng.pick(&known).as_bytes().to_vec()
     };
     let mut path = rng
-        .pick(&["/", "/api/x", "/ip", "/api/", "/%ff/"])
+        .pick(&[
+            "/", "/api/x", "/ip", "/api/", "/%ff/", "//api/", "/%61pi/", "/x/../ip",
+        ])
         .as_bytes()
         .to_vec();
     let odd_path = rng.chance(3);

@@ -200,6 +200,14 @@ impl WindowState {
             let cell = &mut self.current;
             cell.own = cell.own.max(answer.used);
             cell.acked = cell.acked.max(answer.used);
+            // The origin's count holds `answer.used` of this process's own passes; those it
+            // had not heard of come on top. Merged with `max` alone, an answer counted after
+            // passes this process made meanwhile (another call's lease, answered first) would
+            // swallow as many of the origin's passes, and a failure mode deciding from this
+            // count would admit them again.
+            let unheard = cell.own.saturating_sub(answer.used);
+            let known = answer.current.regional.saturating_add(unheard);
+            cell.counts.regional = cell.counts.regional.max(known);
             cell.read_retry_at = 0;
             // This call carried the undo of every call since `uncertain_from`.
             if plan.undo_from != 0 && plan.undo_from == self.uncertain_from {

@@ -732,3 +732,55 @@ fn a_call_that_straddles_a_boundary_is_counted_once_in_the_cell_the_origin_chose
         "counted once each: {left} in the window left, {after} in the next"
     );
 }
+
+/// Two decision calls of one process on one key in flight at once (an Envoy's VMs share the
+/// key's state but not their calls), the origin deciding them in one order and the answers
+/// arriving in the other, with a pass on the first answer's lease between them: the process's
+/// count of the cell still holds every pass it knows of (what the origin counted, plus its own
+/// passes the origin has not heard of), so a failure mode deciding from it admits no more than
+/// the limit. Merged with `max` alone, the late answer's count swallowed that pass.
+#[test]
+fn answers_arriving_out_of_order_leave_no_known_pass_out_of_the_count() {
+    let mut r = Region::new(1, 20, T0);
+    let now = T0 + 10 * SECOND;
+    r.replay_until(now);
+    let mut t = now;
+    // Passes until the lease runs out and a request must ask.
+    let first = loop {
+        t += 1;
+        match r.begin(0, t) {
+            Ok(passed) => assert!(passed),
+            Err(call) => {
+                if r.procs[0]
+                    .table
+                    .get(r.key.as_ref())
+                    .unwrap()
+                    .current()
+                    .is_warm()
+                {
+                    break call;
+                }
+                assert!(r.complete(0, &call, t));
+            }
+        }
+    };
+    let second = r
+        .begin(0, t)
+        .expect_err("the lease went back with the first call");
+    let p = &mut r.procs[0];
+    // The origin decides the second call first; its answer arrives first.
+    let second_answer = r.origin.decide(&second.to_wire(&p.name), t);
+    let first_answer = r.origin.decide(&first.to_wire(&p.name), t);
+    let answers = second.answers(&second_answer).unwrap();
+    assert!(p.table.finish(&second, &answers, t).unwrap().success);
+    let passed_between = r.begin(0, t + 1) == Ok(true);
+    let p = &mut r.procs[0];
+    let answers = first.answers(&first_answer).unwrap();
+    assert!(p.table.finish(&first, &answers, t + 1).unwrap().success);
+    let cell = *p.table.get(r.key.as_ref()).unwrap().current();
+    let seq = r.key.duration().sequence(t);
+    let origin = r.origin.ledger(&r.key.clone(), seq);
+    let known = origin.count() + cell.own() - origin.own("p0");
+    assert!(passed_between, "the second answer lent a lease");
+    assert_eq!(cell.counts().regional, known, "{cell:?}");
+}

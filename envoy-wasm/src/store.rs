@@ -2,8 +2,9 @@
 //! limit in its shared slot when the slot is free for it (so every VM of the Envoy decides it
 //! as one process, under the Envoy's instance id), anything else in the VM's own table (under
 //! the VM's). A shared slot is read, stepped and written back with the token it was read
-//! with, a few times at most; one that goes to another key meanwhile leaves the step to a
-//! copy (what the gateway counted stays counted there).
+//! with, a few times at most. If it went to another key while a call was out, the answer is
+//! the decision (the gateway counted it), and a failed call is decided on the VM's table,
+//! which counts and replays what it admits.
 //!
 //! Each VM replays the slots it wrote (it watches them until their state needs nothing more
 //! of the replay), taking a slot's events under a claim so that the other VMs that wrote it
@@ -148,15 +149,16 @@ pub struct Homes<'a, H: Host> {
 }
 
 impl<H: Host> Homes<'_, H> {
-    /// Runs `step` on `key`'s shared slot, written back with the token it was read with; on
-    /// a copy when the slot holds another key or stays contended.
+    /// Runs `step` on `key`'s shared slot, written back with the token it was read with;
+    /// `None` when the slot holds another key (it went to one while a call was out) or stays
+    /// contended.
     fn on_slot<T>(
         &mut self,
         key: WindowKeyRef<'_>,
         now_ms: u64,
         release_claim: bool,
         mut step: impl FnMut(&mut One<'_, H>) -> T,
-    ) -> T {
+    ) -> Option<T> {
         if let Some((slots, _)) = &self.state.slots {
             for _ in 0..CAS_TRIES {
                 let Some(mut loaded) = slots.load(self.host, key, now_ms) else {
@@ -171,15 +173,14 @@ impl<H: Host> Homes<'_, H> {
                 match Slots::store(self.host, &loaded, key) {
                     Ok(()) => {
                         self.state.replay.watch(loaded.index);
-                        return out;
+                        return Some(out);
                     }
                     Err(SetError::CasMismatch) => continue,
                     Err(SetError::Refused) => break,
                 }
             }
         }
-        let mut one = One::new(WindowState::new(key.duration(), now_ms), self.host);
-        step(&mut one)
+        None
     }
 
     /// Begins one limit on its shared slot; `None` when the slot holds another live key or
@@ -341,9 +342,18 @@ impl<H: Host> Store for Homes<'_, H> {
         now_ms: u64,
     ) -> MultiDecision {
         match (home, call.limits()) {
-            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, false, |one| {
-                request::finish(one, call, answers, now_ms)
-            }),
+            (SHARED, [limit]) => {
+                let key = limit.key.as_ref();
+                let merged = self.on_slot(key, now_ms, false, |one| {
+                    request::finish(one, call, answers, now_ms)
+                });
+                // The slot is out of reach: the origin counted what it decided, so the answer
+                // is the decision; the lease it lent goes unused until it ends.
+                merged.unwrap_or_else(|| {
+                    let cold = WindowState::new(key.duration(), now_ms);
+                    request::finish(&mut One::new(cold, self.host), call, answers, now_ms)
+                })
+            }
             _ => self
                 .state
                 .table
@@ -355,9 +365,21 @@ impl<H: Host> Store for Homes<'_, H> {
     fn fail(&mut self, home: Home, call: &OriginCall, now_ms: u64) -> MultiDecision {
         let policy = self.state.table.config().origin;
         match (home, call.limits()) {
-            (SHARED, [limit]) => self.on_slot(limit.key.as_ref(), now_ms, false, |one| {
-                request::fail(one, call, now_ms, &policy)
-            }),
+            (SHARED, [limit]) => {
+                let failed = self.on_slot(limit.key.as_ref(), now_ms, false, |one| {
+                    request::fail(one, call, now_ms, &policy)
+                });
+                // The slot is out of reach: the failure mode decides on the VM's table, which
+                // counts what it admits and replays it (a pass decided on a copy would be
+                // counted nowhere).
+                failed.unwrap_or_else(|| {
+                    let limits = [limit.request()];
+                    self.state
+                        .table
+                        .decide_failed(&limits, policy.failure_mode, now_ms)
+                        .unwrap_or_else(|_| refused(call))
+                })
+            }
             _ => self
                 .state
                 .table
@@ -416,7 +438,8 @@ impl<H: Host> Store for Homes<'_, H> {
         }
         // The shared slots ask for no renewal (their replay takes no renew window).
         for (event, counts) in batch.events.iter().zip(&answer.cells) {
-            self.on_slot(event.key.as_ref(), now_ms, true, |one| {
+            // A slot out of reach keeps its events: the next pass sends them again.
+            let _ = self.on_slot(event.key.as_ref(), now_ms, true, |one| {
                 one.state.apply_replay(event.sequence, *counts, event.used);
             });
         }

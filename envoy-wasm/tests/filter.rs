@@ -677,6 +677,54 @@ fn a_slot_held_by_another_live_key_sends_the_request_to_the_vms_table() {
     );
 }
 
+/// A call whose shared slot went to another key while it was out, and then failed: the
+/// failure mode's pass is counted in the VM's table and replayed (decided on a copy of the
+/// slot, it was counted nowhere).
+#[test]
+fn a_failed_call_whose_slot_went_to_another_key_is_counted_and_replayed() {
+    let host = Fake::new();
+    let mut vm = vm(
+        &host,
+        r#", "shared_slots": 1, "failure_mode": "local", "replay_interval_ms": 100"#,
+    );
+    host.request("ann");
+    assert_eq!(request(&host, &mut vm, 1), Verdict::Pause);
+    host.request("bob"); // ann's slot holds nothing worth keeping yet: bob's takes it
+    assert_eq!(request(&host, &mut vm, 2), Verdict::Pause);
+    *host.response.borrow_mut() = (503, Vec::new());
+    for token in [2, 1] {
+        // bob's pass by the failure mode stays in the slot, unreplayed; then ann's call fails
+        vm.on_call_response(&host, token, 0);
+        settle(&host, &mut vm, token);
+    }
+    assert_eq!(host.resumed.get(), 2, "both passed by the failure mode");
+    for at in [100, 200, 300] {
+        host.now.set(NOW + at);
+        vm.on_tick(&host);
+        settle(&host, &mut vm, 1);
+        host.wake(&mut vm);
+    }
+    let replayed: Vec<(String, Value)> = host
+        .dispatched
+        .borrow()
+        .iter()
+        .filter(|(path, _)| path == "/v1/origin/replay")
+        .flat_map(|(_, body)| body["events"].as_array().cloned().unwrap_or_default())
+        .map(|e| {
+            (
+                e["identifier"].as_str().unwrap_or("").to_string(),
+                e["used"].clone(),
+            )
+        })
+        .collect();
+    for key in ["key=ann", "key=bob"] {
+        assert!(
+            replayed.iter().any(|(k, used)| k == key && *used == 1),
+            "{key} replayed: {replayed:?}"
+        );
+    }
+}
+
 #[test]
 fn a_key_in_the_vms_table_asks_for_no_lease_the_other_vms_could_not_use() {
     let host = Fake::new();

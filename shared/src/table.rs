@@ -329,6 +329,21 @@ impl CounterTable {
         Ok(decided)
     }
 
+    /// Decides `limits` as `mode` decides a request the origin gave no answer for (see
+    /// [`request::decide_failed`]), on this table's states: a shell whose call's own states
+    /// are out of reach when it fails still counts what it admits, where its replay finds it.
+    pub fn decide_failed(
+        &mut self,
+        limits: &[LimitRequest<'_>],
+        mode: crate::FailureMode,
+        now_ms: u64,
+    ) -> Result<MultiDecision, TooManyLimits> {
+        let slots = self.slots_for(limits.iter().map(|l| l.key), now_ms)?;
+        let decided = request::decide_failed(&mut self.pinned(&slots), limits, mode, now_ms);
+        self.unpin(slots);
+        Ok(decided)
+    }
+
     /// [`decide`](Self::decide) for several limits, all or nothing.
     pub fn decide_all(
         &mut self,

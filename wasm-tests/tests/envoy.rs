@@ -328,6 +328,70 @@ async fn a_gateway_killed_under_concurrent_clients_admits_exactly_the_limit_ever
     assert!(results.iter().all(|n| *n == 20), "{results:?}");
 }
 
+/// Six keys over two shared slots, four clients, Redis stopped: every pass the failure mode
+/// admits is counted where a replay finds it (a shared slot, or a VM's table when the slot
+/// holds another key, also one that changed hands while a call was out), so once Redis is
+/// back its count of each key is what was admitted there, less what the filter reports as
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_under_slot_contention_and_an_outage_all_reach_redis() {
+    use std::collections::BTreeMap;
+    let mut s = stack().await;
+    let extra = json!({"shared_slots": 2, "timeout_ms": 300, "replay_interval_ms": 100});
+    let e = envoy(&s, &per_key(1_000), &extra).await;
+    let at = common::stack::now_ms();
+    let tag = format!("{}-{at}", std::process::id());
+    s.redis.stop();
+    let mut clients = Vec::new();
+    for c in 0..4_usize {
+        let (http, base, tag) = (unpooled(), e.base.clone(), tag.clone());
+        clients.push(tokio::spawn(async move {
+            let mut admitted: BTreeMap<String, u64> = BTreeMap::new();
+            for i in 0..30_usize {
+                let key = format!("k{}-{tag}", (c + i) % 6);
+                if common::stack::admitted(&http, &base, &key).await.unwrap() {
+                    *admitted.entry(key).or_default() += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted: BTreeMap<String, u64> = BTreeMap::new();
+    for c in clients {
+        for (key, n) in c.await.unwrap() {
+            *admitted.entry(key).or_default() += n;
+        }
+    }
+    assert_eq!(admitted.values().sum::<u64>(), 120, "limit 1,000: all pass");
+    s.redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let counted = loop {
+        let mut counted = BTreeMap::new();
+        for key in admitted.keys() {
+            let n = s
+                .read_cell("e2e", &format!("key={key}"), common::stack::DAY_MS, at)
+                .await;
+            counted.insert(key.clone(), n.unwrap_or(0));
+        }
+        if counted == admitted || Instant::now() > deadline {
+            break counted;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let dropped = e.stat(&s.http, "strata.replay.dropped").await;
+    let lost: u64 = admitted.iter().map(|(k, n)| n - counted[k].min(*n)).sum();
+    assert_eq!(
+        lost, dropped,
+        "admitted {admitted:?}, Redis counted {counted:?}"
+    );
+    for (key, n) in &admitted {
+        assert!(
+            counted[key] <= *n,
+            "{key} counted more than admitted: {counted:?}"
+        );
+    }
+}
+
 /// Seven requests through `e` on key `key`: each answered within 3 s, with 200 or 429.
 async fn answered_promptly(s: &Stack, e: &Envoy, key: &str) -> Vec<u16> {
     let http = reqwest::Client::builder()

@@ -537,6 +537,11 @@ impl Flow {
                     why()
                 );
                 self.logs.extend(self.call_failures.line(now_ms, line));
+                // The store may count the failure mode's pass in another home than the
+                // call's (a state out of reach): every home's replay looks.
+                for other in (0..store.homes()).map(Home).filter(|h| *h != home) {
+                    self.want_replay(store, other, now_ms);
+                }
                 (store.fail(home, &call, now_ms), DecidedBy::Fallback)
             }
         };

@@ -440,7 +440,8 @@ impl<H: Host> Store for Homes<'_, H> {
         for (event, counts) in batch.events.iter().zip(&answer.cells) {
             // A slot out of reach keeps its events: the next pass sends them again.
             let _ = self.on_slot(event.key.as_ref(), now_ms, true, |one| {
-                one.state.apply_replay(event.sequence, *counts, event.used);
+                one.state
+                    .apply_replay(event.sequence, *counts, event.used, event.undo_from);
             });
         }
     }

@@ -230,6 +230,7 @@ async fn replaying_the_same_batch_twice_counts_once() {
         release: 0,
         renew: 0,
         acked: 0,
+        undo_from: 0,
     };
     let batch = [cell("a", 3), cell("b", 5)];
     let first = counts(origin.replay("gw-1", &batch, T0).await.unwrap());
@@ -545,6 +546,7 @@ async fn a_replay_batch_is_one_script_call_and_sets_expiry_once_per_cell() {
                 release: 0,
                 renew: 0,
                 acked,
+                undo_from: 0,
             })
             .collect()
     };
@@ -624,6 +626,7 @@ async fn a_cell_holding_a_foreign_value_fails_alone() {
         release: 0,
         renew: 0,
         acked: 0,
+        undo_from: 0,
     };
     let batch = [cell("a", 2), cell("bad", 3), cell("c", 4)];
     let counts = counts(limiter.origin.replay("gw-1", &batch, T0).await.unwrap());
@@ -779,10 +782,11 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
 }
 
 /// A decision that times out while Redis is stalled is applied when Redis wakes up, but the
-/// gateway already decided that request from local memory (and replays its local pass). Its
-/// next call asks Redis to undo what the lost call counted: every admitted request counts once.
+/// gateway already decided that request from local memory (and replays its local pass). The
+/// replay of that pass asks Redis to undo what the lost call counted, with no further request
+/// needed: every admitted request counts once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decision_whose_answer_was_lost_is_undone_by_the_next_call() {
+async fn a_decision_whose_answer_was_lost_is_undone_by_the_replay() {
     let redis = RedisServer::start();
     let g = common::on_redis(&redis, Duration::from_millis(100)).await;
     let limiter = &g.gateway.limiter;
@@ -811,8 +815,12 @@ async fn a_decision_whose_answer_was_lost_is_undone_by_the_next_call() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(limiter.replay_once().await);
-    assert_eq!(count().await, 2, "counted twice, for now");
-    // After the retry delay, the next request is decided at Redis, undoing the lost call.
+    assert_eq!(
+        count().await,
+        1,
+        "the replay carried the local pass and the lost call's undo"
+    );
+    // After the retry delay, the next request is decided at Redis, with nothing to undo.
     g.clock.set(T0 + 300);
     assert!(decide(&g.gateway, "late", 10).await);
     assert_eq!(

@@ -10,6 +10,9 @@ use crate::decision::{Counts, Decision, LimitCheck, WindowCounts};
 use crate::lease::LeaseState;
 use crate::window::WindowDuration;
 
+/// The flag of [`WindowState::uncertain_from`] saying the lost call was on the previous cell.
+pub const UNDO_PREVIOUS: u64 = 1 << 63;
+
 /// One fixed window as a process sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CellState {
@@ -139,8 +142,9 @@ pub struct WindowState {
     pub(crate) lease: LeaseState,
     /// The first origin call for the current cell whose outcome this process never learned
     /// (it timed out or failed, and the request was decided by the failure mode); 0: none.
-    /// The next call asks the origin to undo whatever it counted since, so the request counts
-    /// once. (Only the current cell's: the origin undoes on its current cell.)
+    /// The next call or replay pass asks the origin to undo whatever it counted since, so the
+    /// request counts once. With [`UNDO_PREVIOUS`] set, the call was on the previous cell
+    /// (the window rolled before the undo was taken), whose replay carries it.
     pub(crate) uncertain_from: u64,
     /// The last replay pass (this process's clock) that found the current cell's lease new
     /// or used (own cost waiting for acknowledgement); 0: none since the lease was granted.
@@ -195,7 +199,17 @@ impl WindowState {
             CellState::COLD
         };
         self.current = CellState::COLD;
-        self.uncertain_from = 0;
+        // A lost call's undo follows its cell into the previous slot, once; call ids stay
+        // far below the flag (they count calls, or milliseconds times a thousand).
+        self.uncertain_from = match self.uncertain_from {
+            u if u != 0
+                && u & UNDO_PREVIOUS == 0
+                && sequence == self.sequence.saturating_add(1) =>
+            {
+                u | UNDO_PREVIOUS
+            }
+            _ => 0,
+        };
         self.idle_since = 0;
         self.sequence = sequence;
         (now_ms, lost)
@@ -223,7 +237,20 @@ impl WindowState {
     }
     /// The first origin call for the current cell whose outcome was never learned (0: none).
     pub const fn uncertain_from(&self) -> u64 {
-        self.uncertain_from
+        if self.uncertain_from & UNDO_PREVIOUS == 0 {
+            self.uncertain_from
+        } else {
+            0
+        }
+    }
+    /// The same for the previous cell: a call lost before the window rolled, whose undo the
+    /// origin has not taken yet (0: none).
+    pub const fn uncertain_previous(&self) -> u64 {
+        if self.uncertain_from & UNDO_PREVIOUS == 0 {
+            0
+        } else {
+            self.uncertain_from & !UNDO_PREVIOUS
+        }
     }
     /// Both cells' counts, as a decision reads them.
     pub const fn counts(&self) -> WindowCounts {

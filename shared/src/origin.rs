@@ -143,7 +143,7 @@ impl WindowState {
                 lease::leaves_half(local.remaining, limit),
             ),
             call: 0,
-            undo_from: self.uncertain_from,
+            undo_from: self.uncertain_from(),
         })
     }
 
@@ -355,10 +355,27 @@ impl WindowState {
     }
 
     /// Merges a replay answer: `counts` of cell `sequence` after the origin took this
-    /// process's own cumulative count `delivered`. An acknowledged pass is an answer: the cell
-    /// is no longer cold (its count is the region's, as of the replay), though it holds no
-    /// lease, so a pass ahead of the origin's answer needs no decision of its own.
-    pub fn apply_replay(&mut self, sequence: u64, counts: Counts, delivered: u64) -> bool {
+    /// process's own cumulative count `delivered` (and undid its calls from `undone` on, if
+    /// not 0). An acknowledged pass is an answer: the cell is no longer cold (its count is the
+    /// region's, as of the replay), though it holds no lease, so a pass ahead of the origin's
+    /// answer needs no decision of its own.
+    pub fn apply_replay(
+        &mut self,
+        sequence: u64,
+        counts: Counts,
+        delivered: u64,
+        undone: u64,
+    ) -> bool {
+        let pending = if sequence == self.sequence {
+            self.uncertain_from()
+        } else if sequence.checked_add(1) == Some(self.sequence) {
+            self.uncertain_previous()
+        } else {
+            0
+        };
+        if undone != 0 && undone == pending {
+            self.uncertain_from = 0;
+        }
         let Some(cell) = self.cell_mut(sequence) else {
             return false;
         };
@@ -395,7 +412,9 @@ impl WindowState {
     /// and the next call asks the origin to undo what this one may have counted.
     pub fn fail_origin(&mut self, plan: &OriginPlan, now_ms: u64, policy: &OriginPolicy) {
         self.current.read_retry_at = now_ms.saturating_add(policy.read_retry_ms);
-        if plan.sequence == self.sequence && self.uncertain_from == 0 {
+        // A call lost on the current cell takes the place of one lost on the previous cell
+        // (whose undo the next replay pass would have carried): the current cell's counts.
+        if plan.sequence == self.sequence && self.uncertain_from() == 0 {
             self.uncertain_from = plan.call;
         }
     }
@@ -664,10 +683,10 @@ mod tests {
             regional: 5,
             global: 0,
         };
-        assert!(s.apply_replay(100, c, 3));
-        assert!(s.apply_replay(100, c, 3), "twice is harmless");
+        assert!(s.apply_replay(100, c, 3, 0));
+        assert!(s.apply_replay(100, c, 3, 0), "twice is harmless");
         assert_eq!(s.current().unacked(), 0);
         assert_eq!(s.current().counts().regional, 5);
-        assert!(!s.apply_replay(98, c, 1), "not held");
+        assert!(!s.apply_replay(98, c, 1, 0), "not held");
     }
 }

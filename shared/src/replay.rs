@@ -42,6 +42,9 @@ pub struct ReplayEvent {
     /// The largest `used` the origin acknowledged for the cell (so an origin that agrees
     /// adds the difference without reading first).
     pub acked: u64,
+    /// Undo what this process's decision calls on the cell from this id on counted (0:
+    /// nothing): their answers were lost ([`WindowState::uncertain_from`]).
+    pub undo_from: u64,
 }
 
 impl ReplayEvent {
@@ -57,6 +60,7 @@ impl ReplayEvent {
             release: self.release,
             renew: self.renew,
             acked: self.acked,
+            undo_from: self.undo_from,
         }
     }
 }
@@ -99,6 +103,7 @@ impl ReplayBatch {
                     release: e.release,
                     acked: e.acked,
                     renew: e.renew,
+                    undo_from: e.undo_from,
                 })
                 .collect(),
         }
@@ -142,7 +147,15 @@ impl WindowState {
         let holds = self.current().lease_left() > 0 && self.current().is_fresh(now_ms);
         // A lease lent on the previous cell after this process left it (`apply_decided`).
         let left_behind = self.previous.lease_left() > 0;
-        if !(idle || holds || left_behind || unacked(self) > 0) {
+        // Calls whose answers were lost: the undo goes with this pass, whatever else does.
+        let (undo_from, undo_previous) = (self.uncertain_from(), self.uncertain_previous());
+        if !(idle
+            || holds
+            || left_behind
+            || unacked(self) > 0
+            || undo_from != 0
+            || undo_previous != 0)
+        {
             return Take::Done;
         }
         let previous_release = if left_behind {
@@ -181,18 +194,18 @@ impl WindowState {
             && pace.is_some_and(|(p, slot)| p.holds(self, key.duration(), now_ms, slot));
         let mut take = Take::Taken;
         for (sequence, cell) in self.cells() {
-            let (release, renew) = if sequence == self.sequence() {
-                (released, renew)
+            let (release, renew, undo_from) = if sequence == self.sequence() {
+                (released, renew, undo_from)
             } else {
-                (previous_release, 0)
+                (previous_release, 0, undo_previous)
             };
-            if wait && sequence == self.sequence() {
+            if wait && sequence == self.sequence() && undo_from == 0 {
                 if cell.unacked() > 0 {
                     take = Take::Held;
                 }
                 continue;
             }
-            if cell.unacked() > 0 || release > 0 {
+            if cell.unacked() > 0 || release > 0 || undo_from != 0 {
                 events.push(ReplayEvent {
                     key: key.clone(),
                     sequence,
@@ -201,6 +214,7 @@ impl WindowState {
                     release,
                     renew,
                     acked: cell.acked(),
+                    undo_from,
                 });
             }
         }
@@ -473,9 +487,12 @@ impl CounterTable {
     /// [`ack_replay`](Self::ack_replay) for one event (a shell that delivered cells apart).
     pub fn ack_one(&mut self, event: &ReplayEvent, counts: Counts) {
         if let Some(i) = self.slab.find(event.key.as_ref()) {
-            self.slab.slots[i]
-                .state
-                .apply_replay(event.sequence, counts, event.used);
+            self.slab.slots[i].state.apply_replay(
+                event.sequence,
+                counts,
+                event.used,
+                event.undo_from,
+            );
         }
     }
 

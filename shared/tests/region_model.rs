@@ -100,6 +100,7 @@ impl Origin {
             .map(|e| {
                 let ledger = self.ledger(&e.cell.key.to_owned_key(), e.cell.sequence);
                 ledger.merge_own(&req.instance, e.used);
+                ledger.undo(&req.instance, e.undo_from);
                 if e.release > 0 {
                     ledger.release(&req.instance, e.release);
                 }
@@ -783,4 +784,74 @@ fn answers_arriving_out_of_order_leave_no_known_pass_out_of_the_count() {
     let known = origin.count() + cell.own() - origin.own("p0");
     assert!(passed_between, "the second answer lent a lease");
     assert_eq!(cell.counts().regional, known, "{cell:?}");
+}
+
+/// A decision call whose answer is lost: the origin counted it, and the process decided the
+/// request itself (failure mode `local`) and replays that pass. The replay carries the undo
+/// of the lost call, so the origin counts the request once with no later call on the key (a
+/// key that went quiet stayed counted twice), and the process stops asking once it is taken.
+#[test]
+fn a_lost_answer_is_undone_by_the_replay_and_the_request_counts_once() {
+    let mut r = Region::new(1, 20, T0);
+    let now = T0 + 10 * SECOND;
+    r.replay_until(now);
+    let call = r.begin(0, now).expect_err("a cold key asks");
+    let p = &mut r.procs[0];
+    let lost = r.origin.decide(&call.to_wire(&p.name), now);
+    assert!(
+        lost.success,
+        "counted at the origin; the answer never arrives"
+    );
+    assert!(
+        p.table.fail(&call, now).unwrap().success,
+        "the failure mode admits it"
+    );
+    let state = *p.table.get(r.key.as_ref()).unwrap();
+    assert_eq!(state.uncertain_from(), call.limits()[0].plan.call);
+    let seq = r.key.duration().sequence(now);
+    r.replay_until(now + REPLAY_MS);
+    assert_eq!(
+        r.origin.ledger(&r.key.clone(), seq).count(),
+        1,
+        "counted once"
+    );
+    let state = *r.procs[0].table.get(r.key.as_ref()).unwrap();
+    assert_eq!(state.uncertain_from(), 0, "the undo was taken");
+    assert_eq!(state.current().unacked(), 0);
+    // Nothing more to send: the next passes carry no event for the key.
+    let batch = r.procs[0].table.take_replay(MAX_BATCH, now + 2 * REPLAY_MS);
+    assert!(batch.is_empty(), "{batch:?}");
+}
+
+/// The same with the window rolling between the lost answer and the next replay pass (a
+/// request of the next window came first): the undo follows its cell, and the replay of the
+/// previous cell carries it.
+#[test]
+fn a_lost_answer_is_undone_in_its_own_window_after_the_window_rolls() {
+    let mut r = Region::new(1, 20, T0);
+    let late = T0 + 60 * SECOND - 10; // the last moments of a minute window
+    r.replay_until(late);
+    let call = r.begin(0, late).expect_err("a cold key asks");
+    let p = &mut r.procs[0];
+    assert!(r.origin.decide(&call.to_wire(&p.name), late).success);
+    assert!(p.table.fail(&call, late).unwrap().success);
+    let next = T0 + 60 * SECOND + 5;
+    // Before any replay pass: the request rolls the state to the new window.
+    let first = r.begin(0, next).expect_err("a new window's cell is cold");
+    assert!(
+        r.complete(0, &first, next),
+        "the next window's first request"
+    );
+    let state = *r.procs[0].table.get(r.key.as_ref()).unwrap();
+    assert_eq!(state.uncertain_from(), 0, "nothing lost in this window");
+    assert_eq!(state.uncertain_previous(), call.limits()[0].plan.call);
+    r.replay_until(next + REPLAY_MS);
+    let old = r.key.duration().sequence(late);
+    assert_eq!(
+        r.origin.ledger(&r.key.clone(), old).count(),
+        1,
+        "counted once"
+    );
+    let state = *r.procs[0].table.get(r.key.as_ref()).unwrap();
+    assert_eq!(state.uncertain_previous(), 0, "the undo was taken");
 }

@@ -455,6 +455,7 @@ fn origin_requests_have_the_contract_shape() {
         release,
         acked: 0,
         renew,
+        undo_from: 0,
     };
     let replay = ReplayRequest {
         instance: "e1".into(),

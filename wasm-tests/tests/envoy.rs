@@ -560,14 +560,19 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
         ..common::envoy::Options::default()
     };
     let slow = SlowProxy::start(port_of(s.gateway()), LATE_DELAY).await;
-    let extra = json!({ "timeout_ms": LATE_TIMEOUT_MS });
-    let mut e = Envoy::start_opts(
-        &common::envoy::Filters::Strata(configuration(&per_key(LATE_LIMIT), &extra)),
-        &options,
-        s.upstream.port(),
-        Some(slow.port),
-    );
-    e.ready(&s.http).await;
+    let (s, options, slow_port) = (&s, &options, slow.port);
+    let late_envoy = |timeout_ms: u64| async move {
+        let extra = json!({ "timeout_ms": timeout_ms });
+        let mut e = Envoy::start_opts(
+            &common::envoy::Filters::Strata(configuration(&per_key(LATE_LIMIT), &extra)),
+            options,
+            s.upstream.port(),
+            Some(slow_port),
+        );
+        e.ready(&s.http).await;
+        e
+    };
+    let e = late_envoy(LATE_TIMEOUT_MS).await;
     let (http, base) = (unpooled(), e.base.clone());
     let key = format!("late-{}", common::stack::now_ms());
     let send = move |key: String| {
@@ -575,6 +580,10 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
         async move { admitted(&http, &base, &key).await }
     };
     common::conformance::late_answers("envoy", &key, send, || s.decide_calls()).await;
+    drop(e);
+    // The lost-answer row on the same late gateway, with a timeout under its delay.
+    let e = late_envoy(common::conformance::LOST_TIMEOUT_MS).await;
+    s.lost_answer_row("envoy", &e.base).await;
 }
 
 /// Envoy in front of the upstream with the Strata filter configured by `extra`, and `hcm`

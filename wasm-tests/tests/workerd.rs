@@ -530,6 +530,14 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
         async move { admitted(&http, &base, &key).await }
     };
     common::conformance::late_answers("workerd", &key, send, || s.decide_calls()).await;
+    drop(edge);
+    // The lost-answer row on the same late gateway, with a timeout under its delay.
+    let timeout = common::conformance::LOST_TIMEOUT_MS.to_string();
+    vars.retain(|(name, _)| *name != "STRATA_TIMEOUT_MS");
+    vars.push(("STRATA_TIMEOUT_MS", timeout.as_str()));
+    let mut edge = Workerd::proxy(&vars);
+    edge.ready().await;
+    s.lost_answer_row("workerd", &edge.base).await;
 }
 
 /// The edge in workerd against a hostile client (`common::hostile`, the same requests and

@@ -459,6 +459,7 @@ impl Limiter {
                 release: e.release,
                 renew: e.renew,
                 acked: e.acked,
+                undo_from: e.undo_from,
             })
             .collect();
         let after = self.origin.replay(instance, &cells, now_ms).await?;

@@ -157,6 +157,7 @@ impl MemoryOrigin {
             .map(|c| {
                 let l = state.ledger(c.key, c.sequence, now_ms);
                 l.merge_own(instance, c.used);
+                l.undo(instance, c.undo_from);
                 if c.release > 0 {
                     l.release(instance, c.release);
                 }

@@ -231,6 +231,78 @@ where
     );
 }
 
+/// The timeout of the lost-answer row: under [`LATE_DELAY`], so every decision call's answer
+/// comes after its request was decided by the failure mode, while a replay (bound at least
+/// 1 s) is answered.
+pub const LOST_TIMEOUT_MS: u64 = 150;
+/// Requests of the lost-answer row, one after another.
+pub const LOST_REQUESTS: u64 = 3;
+
+/// The lost-answer row: the origin answers every call [`LATE_DELAY`] late and the shell gives
+/// up on it after [`LOST_TIMEOUT_MS`], so each decision call on the cold key `key` (limit
+/// [`LATE_LIMIT`]) is counted at the origin while the failure mode (`local`) admits its request
+/// from memory. [`LOST_REQUESTS`] requests, each after the retry delay so each makes its call,
+/// are all admitted, and once the replay has run the origin's count of the key (`count()`) is
+/// what was admitted: each later call and the replay carry the undo of the lost calls' counts,
+/// so no request is counted twice, also with no further call on the key.
+pub async fn lost_answers_count_once<F, Fut, C, CFut, K, KFut>(
+    runtime: &str,
+    key: &str,
+    send: F,
+    calls: K,
+    count: C,
+) where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<bool, String>>,
+    K: Fn() -> KFut,
+    KFut: Future<Output = u64>,
+    C: Fn() -> CFut,
+    CFut: Future<Output = u64>,
+{
+    let before = calls().await;
+    let mut admitted = 0;
+    for _ in 0..LOST_REQUESTS {
+        let started = Instant::now();
+        admitted += u64::from(
+            send(key.to_string())
+                .await
+                .unwrap_or_else(|e| panic!("{runtime}: {e}")),
+        );
+        // The next request comes after the retry delay, so it makes a call of its own.
+        let spacing = Duration::from_millis(strata_core::origin::DEFAULT_READ_RETRY_MS + 100);
+        tokio::time::sleep(spacing.saturating_sub(started.elapsed())).await;
+    }
+    assert_eq!(
+        admitted, LOST_REQUESTS,
+        "{runtime}: the failure mode (local) admits each"
+    );
+    // Every call reached the origin, which counted it; each answer came too late.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut made = calls().await - before;
+    while made < LOST_REQUESTS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        made = calls().await - before;
+    }
+    assert!(
+        made >= 2,
+        "{runtime}: {made} decision calls; the row needs each request's"
+    );
+    let mut counted = count().await;
+    while counted != admitted && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        counted = count().await;
+    }
+    println!(
+        "conformance {runtime}: {LOST_REQUESTS} requests whose decision calls were answered \
+         {LATE_DELAY:?} late (timeout {LOST_TIMEOUT_MS} ms): {made} calls, {admitted} admitted, \
+         {counted} counted"
+    );
+    assert_eq!(
+        counted, admitted,
+        "{runtime}: each admitted request counted once"
+    );
+}
+
 /// `REQUESTS` requests at once on `key`: each one's answer, and how long it took.
 async fn at_once<F, Fut>(key: &str, send: F) -> Vec<(Result<bool, String>, Duration)>
 where

@@ -378,6 +378,14 @@ pub struct ReplayEvent {
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub renew: u64,
+    /// Undo what the process's decision calls on the cell from this id on counted (default
+    /// 0: nothing), as a decision's `undo_from` does: their answers never arrived and it
+    /// decided those requests itself. Sent with the replay too, so a key that makes no more
+    /// calls is not left counted twice.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
+    #[serde(deserialize_with = "integer::integer")]
+    pub undo_from: u64,
 }
 
 /// `POST /v1/origin/replay` body.
@@ -593,6 +601,8 @@ pub struct ReplayRef<'a> {
     /// The largest count the origin acknowledged for the cell, as the process knows it (0:
     /// unknown); only a hint.
     pub acked: u64,
+    /// Undo the process's counted calls on the cell from this id on (0: nothing).
+    pub undo_from: u64,
 }
 
 /// For `skip_serializing_if`: a zero id is left out.
@@ -822,6 +832,7 @@ impl ReplayRequest {
                     release: e.release,
                     renew: e.renew,
                     acked: e.acked,
+                    undo_from: e.undo_from,
                 })
             })
             .collect()

@@ -133,6 +133,28 @@ impl Stack {
         replayed_after_outage(runtime, passed, count).await;
     }
 
+    /// The conformance table's lost-answer row (`conformance::lost_answers_count_once`)
+    /// through the shell at `base` (rules `per_key_rules(conformance::LATE_LIMIT)`, timeout
+    /// `conformance::LOST_TIMEOUT_MS`, the gateway behind a proxy `LATE_DELAY` late).
+    pub async fn lost_answer_row(&self, runtime: &str, base: &str) {
+        let (key, at) = (
+            format!("lost-{}-{}", std::process::id(), now_ms()),
+            now_ms(),
+        );
+        let (http, url) = (self.http.clone(), base.to_string());
+        let send = move |key: String| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { admitted(&http, &url, &key).await }
+        };
+        let identifier = format!("key={key}");
+        let count = || async {
+            let read = self.read_cell("e2e", &identifier, DAY_MS, at);
+            read.await.unwrap_or(0)
+        };
+        let calls = || self.decide_calls();
+        super::conformance::lost_answers_count_once(runtime, &key, send, calls, count).await;
+    }
+
     /// Polls the gateway until its count of a one-day cell is `want` (10 s at most); returns
     /// the last count.
     pub async fn settles_at(&self, namespace: &str, identifier: &str, want: u64) -> u64 {
@@ -393,9 +415,9 @@ impl Stack {
     /// replays by the gateway's answers: at most 2 replay calls a process a second.
     ///
     /// A decision call whose answer is lost is decided by the failure mode from memory, which
-    /// counts that pass again until the process's next call for the cell undoes it
-    /// (docs/ARCHITECTURE.md, "A decision whose answer is lost"): the gateway's count may
-    /// exceed the passes by one per failed call, and never falls short of them.
+    /// counts that pass again until the process's next call or replay pass for the cell undoes
+    /// it (docs/ARCHITECTURE.md, "A decision whose answer is lost"): a window read before that
+    /// may exceed the passes by one per failed call, and never falls short of them.
     /// `counters` reads the two processes' failed decision calls so far, and all their
     /// counters as text for a failure's report.
     pub async fn paced_row<F, Fut>(&self, runtime: &str, bases: [&str; 2], counters: F)

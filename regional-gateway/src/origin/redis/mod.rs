@@ -61,8 +61,9 @@ end
 
 /// A replay batch, one script call for all its cells. KEYS: the cells. ARGV: instance, how
 /// long a renewed lease is reserved (ms, on Redis's clock), then per cell its own cumulative count, the count the caller knows was acknowledged (0:
-/// unknown), ttl ms, the id of a lease given back (0: none) and the id of a live lease to
-/// renew (0: none). Returns per cell two values: its count after the merge (or the error text
+/// unknown), ttl ms, the id of a lease given back (0: none), the id of a live lease to
+/// renew (0: none) and the first of its calls whose answers it lost (0: none; what the last
+/// of them counted is taken back, as the decide script does). Returns per cell two values: its count after the merge (or the error text
 /// of a cell that failed alone) and the renewed lease's new id (0: not renewed).
 ///
 /// A cell costs Redis two commands when the caller's acknowledged count agrees with the own
@@ -129,15 +130,39 @@ local function merge(cell, used, acked, ttl)
   end
   return tonumber(redis.call('HGET', cell, 'n') or '0')
 end
-local function replay(cell, used, acked, ttl, id, renewing)
+-- calls whose answers the caller never got: it decided those requests itself, so what the last
+-- one counted here ('u:<instance>' = "<call>:<cost>:<lease id>") is taken back
+local function undo(cell, from)
+  if from == 0 then return end
+  local rec = redis.call('HGET', cell, 'u:' .. inst)
+  if not rec then return end
+  local c1 = string.find(rec, ':', 1, true)
+  local c2 = string.find(rec, ':', c1 + 1, true)
+  if tonumber(string.sub(rec, 1, c1 - 1)) < from then return end
+  local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
+  if undone > 0 then
+    redis.call('HINCRBY', cell, 'n', -undone)
+    local d = tonumber(redis.call('HGET', cell, 'd:' .. inst) or '0')
+    redis.call('HSET', cell, 'd:' .. inst, string.format('%d', math.max(d - undone, 0)))
+  end
+  release(cell, inst, string.sub(rec, c2 + 1))
+  redis.call('HDEL', cell, 'u:' .. inst)
+  -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
+  if redis.call('HEXISTS', cell, f) == 0 and redis.call('HEXISTS', cell, 'i:' .. inst) == 0 then
+    redis.call('HSET', cell, f, '0')
+  end
+  return tonumber(redis.call('HGET', cell, 'n') or '0')
+end
+local function replay(cell, used, acked, ttl, id, renewing, undo_from)
   local n = merge(cell, used, acked, ttl)
+  n = undo(cell, undo_from) or n
   release(cell, inst, id)
   return n, renew(cell, renewing)
 end
 local out = {}
 for i = 1, #keys do
-  local a = 5 * i - 2 + first
-  local ok, n, renewed = pcall(replay, keys[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+  local a = 6 * i - 3 + first
+  local ok, n, renewed = pcall(replay, keys[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5]))
   if ok then
     out[2 * i - 1] = n
     out[2 * i] = renewed
@@ -961,14 +986,15 @@ async fn read_counts(
 
 /// One cell's values in a replay script call (`REPLAY_LUA`'s ARGV, per cell): its own
 /// cumulative count, the acknowledged count, the expiry (ms), the lease given back and the
-/// lease to renew.
-fn replay_values(c: &CellUsed<'_>) -> [u64; 5] {
+/// lease to renew, and the first call to undo.
+fn replay_values(c: &CellUsed<'_>) -> [u64; 6] {
     [
         c.used,
         c.acked,
         c.key.duration().as_ms().saturating_mul(3),
         c.release,
         c.renew,
+        c.undo_from,
     ]
 }
 

@@ -15,9 +15,13 @@
 # How it is run:
 #   - each block runs as one bash script (one shell, as a reader pasting it), in its own process
 #     group, with the working directory a scratch directory: `./strata-data` starts clean, and
-#     `target/release` there is a symlink to "$CARGO_TARGET_DIR/release" (the repository's own
-#     `target/` is never touched); `cargo` is a shell function adding `--manifest-path` of this
-#     checkout, as if the reader stood in its root;
+#     `target/release` there is a symlink to "$CARGO_TARGET_DIR/<profile>" (the repository's
+#     own `target/` is never touched); `cargo` is a shell function adding `--manifest-path` of
+#     this checkout, as if the reader stood in its root;
+#   - the profile is the debug build by default, which the test command's `cargo test` has
+#     already made: the shell function drops `--release` from the README's cargo commands, and
+#     `target/release` points at the debug binaries (README_EXAMPLES_PROFILE=release runs the
+#     release build the README names, building it first);
 #   - a gateway the README starts (`cargo run ...`, `... strata-gateway ... &`) runs in the
 #     background until the next block that starts one (or the end), and is polled with a deadline
 #     until /readyz answers 200; it is stopped with SIGTERM and must exit within 15 s;
@@ -30,7 +34,8 @@
 # Prints `ok   <name>` / `FAIL <name>: why` per example and `N passed, N failed`; exits 1 if any
 # failed. Not run here: the README's Test command (it calls this script).
 #
-# Settings: README_EXAMPLES_BUILD_TIMEOUT (s, default 1800) bounds cargo (build and lock waits),
+# Settings: README_EXAMPLES_PROFILE (debug or release, default debug: see above),
+# README_EXAMPLES_BUILD_TIMEOUT (s, default 1800) bounds cargo (build and lock waits),
 # README_EXAMPLES_READY_TIMEOUT (s, default 30) bounds a started gateway reaching /readyz 200,
 # README_EXAMPLES_KEEP=1 keeps the scratch directory (kept anyway when an example fails);
 # README_EXAMPLES_README=<file> reads another copy of the README (for testing this script).
@@ -46,6 +51,15 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
 CARGO_TARGET_DIR=$(realpath -m -- "$CARGO_TARGET_DIR")
 export CARGO_TARGET_DIR
 
+PROFILE=${README_EXAMPLES_PROFILE:-debug}
+case $PROFILE in
+  debug | release) ;;
+  *)
+    echo "README_EXAMPLES_PROFILE must be debug or release, not '$PROFILE'" >&2
+    exit 2
+    ;;
+esac
+export README_EXAMPLES_PROFILE=$PROFILE
 BUILD_TIMEOUT=${README_EXAMPLES_BUILD_TIMEOUT:-1800}
 READY_TIMEOUT=${README_EXAMPLES_READY_TIMEOUT:-30}
 STOP_TIMEOUT=15
@@ -744,10 +758,16 @@ write_runner() { # example-dir steps-code
 for __v in $(compgen -e); do case $__v in STRATA_*) unset "$__v" ;; esac; done
 export NO_PROXY="localhost,127.0.0.1${NO_PROXY:+,$NO_PROXY}" no_proxy="localhost,127.0.0.1${no_proxy:+,$no_proxy}"
 cargo() {
-  if [ $# -gt 0 ] && [[ $1 != -* ]]; then
-    command cargo "$1" --manifest-path "$__REPO/Cargo.toml" "${@:2}"
+  local args=()
+  for a in "$@"; do
+    # The debug profile reuses what the test command built (see the runner's header).
+    if [ "$a" = --release ] && [ "$README_EXAMPLES_PROFILE" = debug ]; then continue; fi
+    args+=("$a")
+  done
+  if [ ${#args[@]} -gt 0 ] && [[ ${args[0]} != -* ]]; then
+    command cargo "${args[0]}" --manifest-path "$__REPO/Cargo.toml" "${args[@]:1}"
   else
-    command cargo "$@"
+    command cargo "${args[@]}"
   fi
 }
 cd "$__SCRATCH" || __fail "cannot enter the scratch directory $__SCRATCH"
@@ -812,8 +832,8 @@ mkdir -p "$SCRATCH/target" "$WORK/blocks" "$WORK/examples" "$WORK/tmp"
 # Temporary directories the README makes (`mktemp -d`) live in the scratch and go with it.
 export TMPDIR=$WORK/tmp
 # The README runs `target/release/strata-gateway`: give the reader's directory that layout,
-# pointing at where cargo builds. The repository's own `target/` is left alone.
-ln -s "$CARGO_TARGET_DIR/release" "$SCRATCH/target/release"
+# pointing at where cargo builds the profile run. The repository's own `target/` is left alone.
+ln -s "$CARGO_TARGET_DIR/$PROFILE" "$SCRATCH/target/release"
 
 status=0
 extract_blocks "$README" "$WORK/blocks" || status=$?

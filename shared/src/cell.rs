@@ -140,11 +140,12 @@ pub struct WindowState {
     pub(crate) previous: CellState,
     /// The size of the last lease, so the next ask grows with demand.
     pub(crate) lease: LeaseState,
-    /// The first origin call for the current cell whose outcome this process never learned
+    /// The latest origin call for the current cell whose outcome this process never learned
     /// (it timed out or failed, and the request was decided by the failure mode); 0: none.
-    /// The next call or replay pass asks the origin to undo whatever it counted since, so the
-    /// request counts once. With [`UNDO_PREVIOUS`] set, the call was on the previous cell
-    /// (the window rolled before the undo was taken), whose replay carries it.
+    /// The next call or replay pass asks the origin to undo what that call counted, if it is
+    /// the last the origin counted for this process there, so the request counts once. With
+    /// [`UNDO_PREVIOUS`] set, the call was on the previous cell (the window rolled before the
+    /// undo was taken), whose replay carries it.
     pub(crate) uncertain_from: u64,
     /// The last replay pass (this process's clock) that found the current cell's lease new
     /// or used (own cost waiting for acknowledgement); 0: none since the lease was granted.
@@ -235,7 +236,7 @@ impl WindowState {
     pub const fn strict_until(&self) -> u64 {
         self.strict_until
     }
-    /// The first origin call for the current cell whose outcome was never learned (0: none).
+    /// The latest origin call for the current cell whose outcome was never learned (0: none).
     pub const fn uncertain_from(&self) -> u64 {
         if self.uncertain_from & UNDO_PREVIOUS == 0 {
             self.uncertain_from

@@ -37,8 +37,9 @@ pub struct OriginPlan {
     pub want: u64,
     /// This call's id (per process, only growing; set by the table that plans it).
     pub call: u64,
-    /// Undo what this process's calls from this id on counted (0: nothing): their outcome was
-    /// never learned, and the failure mode decided those requests instead.
+    /// Undo what this process's call with this id counted, if the origin counted none of its
+    /// calls since (0: nothing): its outcome was never learned, and the failure mode decided
+    /// that request instead.
     pub undo_from: u64,
 }
 
@@ -412,9 +413,10 @@ impl WindowState {
     /// and the next call asks the origin to undo what this one may have counted.
     pub fn fail_origin(&mut self, plan: &OriginPlan, now_ms: u64, policy: &OriginPolicy) {
         self.current.read_retry_at = now_ms.saturating_add(policy.read_retry_ms);
-        // A call lost on the current cell takes the place of one lost on the previous cell
-        // (whose undo the next replay pass would have carried): the current cell's counts.
-        if plan.sequence == self.sequence && self.uncertain_from() == 0 {
+        // The latest lost call is the one the origin may hold as this process's last counted
+        // one (it undoes only that); it also takes the place of one lost on the previous cell
+        // (whose undo the next replay pass would have carried).
+        if plan.sequence == self.sequence && plan.call > self.uncertain_from() {
             self.uncertain_from = plan.call;
         }
     }

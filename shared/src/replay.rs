@@ -42,8 +42,8 @@ pub struct ReplayEvent {
     /// The largest `used` the origin acknowledged for the cell (so an origin that agrees
     /// adds the difference without reading first).
     pub acked: u64,
-    /// Undo what this process's decision calls on the cell from this id on counted (0:
-    /// nothing): their answers were lost ([`WindowState::uncertain_from`]).
+    /// Undo what this process's decision call with this id counted on the cell (0: nothing):
+    /// its answer was lost ([`WindowState::uncertain_from`]).
     pub undo_from: u64,
 }
 

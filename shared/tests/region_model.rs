@@ -13,105 +13,24 @@
     clippy::cast_possible_truncation
 )] // test code: a panic is the failure report
 
+mod support;
+
 use std::collections::HashMap;
 
-use strata_core::ledger::{self, CellLedger, DecideLimit, Ledgers};
 use strata_core::request::OriginCall;
 use strata_core::table::{LimitRequest, Step};
-use strata_core::wire::{
-    CellsResponse, DecideRequest, DecideResponse, DecideResult, MAX_BATCH, ReplayRequest,
-};
+use strata_core::wire::MAX_BATCH;
 use strata_core::{CounterTable, Counts, TableConfig, WindowDuration, WindowKey, WindowKeyRef};
+use support::origin::{Cells, Origin};
 
 const SECOND: u64 = 1_000;
 const REPLAY_MS: u64 = 100;
-const LEASE_MS: u64 = 5_000;
 const T0: u64 = 28_333_334 * 60 * SECOND; // a minute boundary
 
 const fn regional(regional: u64) -> Counts {
     Counts {
         regional,
         global: 0,
-    }
-}
-
-/// The ledgers of the model's origin, one per cell (none expire within a run).
-#[derive(Default)]
-struct Cells(HashMap<(WindowKey, u64), CellLedger>);
-
-impl Ledgers for Cells {
-    fn ledger(&mut self, key: WindowKeyRef<'_>, sequence: u64, _: u64) -> &mut CellLedger {
-        self.0.entry((key.to_owned_key(), sequence)).or_default()
-    }
-}
-
-/// The regional origin: one ledger per cell, and how many decisions it made.
-#[derive(Default)]
-struct Origin {
-    cells: Cells,
-    decisions: u64,
-}
-
-impl Origin {
-    fn ledger(&mut self, key: &WindowKey, sequence: u64) -> &mut CellLedger {
-        self.cells.ledger(key.as_ref(), sequence, 0)
-    }
-
-    /// `POST /v1/origin/decide`, answered by the core's origin decision, as the embedded
-    /// origin answers it.
-    fn decide(&mut self, req: &DecideRequest, now: u64) -> DecideResponse {
-        self.decisions += 1;
-        let limits = req.validate("ws").unwrap();
-        let limits: Vec<DecideLimit<'_>> = limits
-            .iter()
-            .map(|l| DecideLimit::new(l, now, [0, 0], [0, 0]))
-            .collect();
-        let answer = ledger::decide(&mut self.cells, &req.instance, &limits, now, LEASE_MS);
-        let results: Vec<DecideResult> = answer
-            .limits
-            .iter()
-            .map(|o| DecideResult {
-                success: o.decision.success,
-                limit: o.decision.limit,
-                remaining: o.decision.remaining,
-                reset: o.decision.reset_ms,
-                sequence: o.sequence,
-                current: regional(o.current),
-                previous: regional(o.previous),
-                used: o.used,
-                lease: o.lease,
-                lease_id: o.lease_id,
-                lease_ms: LEASE_MS,
-                covers: o.covers,
-            })
-            .collect();
-        DecideResponse {
-            success: answer.success,
-            sequence: results[0].sequence,
-            results,
-        }
-    }
-
-    /// `POST /v1/origin/replay`: own counts merged with `max`; a release drops the lease.
-    fn replay(&mut self, req: &ReplayRequest) -> CellsResponse {
-        let events = req.validate("ws").unwrap();
-        let cells = events
-            .iter()
-            .map(|e| {
-                let ledger = self.ledger(&e.cell.key.to_owned_key(), e.cell.sequence);
-                ledger.merge_own(&req.instance, e.used);
-                ledger.undo(&req.instance, e.undo_from);
-                if e.release > 0 {
-                    ledger.release(&req.instance, e.release);
-                }
-                regional(ledger.count())
-            })
-            .collect();
-        CellsResponse {
-            cells,
-            renewed: Vec::new(),
-            pace: None,
-        }
     }
 }
 
@@ -854,4 +773,32 @@ fn a_lost_answer_is_undone_in_its_own_window_after_the_window_rolls() {
     );
     let state = *r.procs[0].table.get(r.key.as_ref()).unwrap();
     assert_eq!(state.uncertain_previous(), 0, "the undo was taken");
+}
+
+/// Found by the protocol model (`tests/protocol_model.rs`): two calls of one process out at
+/// once, the later one counted and answered, the earlier given up on before the origin took
+/// it. The replay's undo names the lost call, and the origin takes back only that call's count:
+/// it once undid its last counted call whenever that was as late as the lost one, and so took
+/// back the answered pass.
+#[test]
+fn the_undo_of_a_lost_call_never_takes_back_a_later_answered_one() {
+    let mut r = Region::new(1, 20, T0);
+    let now = T0 + 10 * SECOND;
+    r.replay_until(now);
+    let lost = r.begin(0, now).expect_err("a cold key asks");
+    let answered = r.begin(0, now).expect_err("still cold: a second call");
+    assert!(answered.limits()[0].plan.call > lost.limits()[0].plan.call);
+    assert!(r.complete(0, &answered, now), "counted and answered");
+    let p = &mut r.procs[0];
+    assert!(
+        p.table.fail(&lost, now + 250).unwrap().success,
+        "the failure mode admits it"
+    );
+    r.replay_until(now + 300);
+    let seq = r.key.duration().sequence(now);
+    assert_eq!(
+        r.origin.ledger(&r.key.clone(), seq).count(),
+        2,
+        "both passes counted once"
+    );
 }

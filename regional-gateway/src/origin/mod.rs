@@ -72,8 +72,8 @@ pub struct CellUsed<'a> {
     /// The largest count the process knows the origin acknowledged (0: unknown): Redis adds
     /// the difference at once when its record agrees.
     pub acked: u64,
-    /// Undo what the process's last counted call did, if its id is this or later (0:
-    /// nothing): its answer was lost.
+    /// Undo what the process's last counted call did, if its id is this (0: nothing): its
+    /// answer was lost.
     pub undo_from: u64,
 }
 

@@ -39,7 +39,7 @@ pub struct DecideLimit<'a> {
     pub release: u64,
     /// This call's id (0: none): the origin remembers the last it counted per caller.
     pub call: u64,
-    /// Undo what the caller's calls from this id on counted (0: nothing).
+    /// Undo what the caller's call with this id counted, if it is its last counted (0: nothing).
     pub undo_from: u64,
     /// The other regions' counts of the current and previous cells, as the gateway imported
     /// them from the global table.

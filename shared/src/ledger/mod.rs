@@ -185,14 +185,15 @@ impl CellLedger {
         }
     }
 
-    /// Undoes what `instance`'s last counted call did, if its id is `from` or later: the
-    /// process never learned the outcome and decided that request itself. Returns the cost
-    /// taken back.
+    /// Undoes what `instance`'s last counted call did, if its id is `from`: the process never
+    /// learned that call's outcome and decided the request itself. A later call counted since
+    /// is not undone (its answer may have arrived), so the lost one then stays counted: over,
+    /// never under. Returns the cost taken back.
     pub fn undo(&mut self, instance: &str, from: u64) -> u64 {
         let Some(h) = self.holder_mut(instance) else {
             return 0;
         };
-        let Some(c) = h.counted.filter(|c| from != 0 && c.call >= from) else {
+        let Some(c) = h.counted.filter(|c| from != 0 && c.call == from) else {
             return 0;
         };
         h.counted = None;
@@ -640,12 +641,17 @@ mod tests {
             0,
             "an older call is not undone by a later marker"
         );
-        assert_eq!(c.undo("a", 6), 2, "undone: the count and its lease");
+        assert_eq!(
+            c.undo("a", 6),
+            0,
+            "nor a later call by an earlier one's (its answer may have come)"
+        );
+        assert_eq!(c.undo("a", 7), 2, "undone: the count and its lease");
         assert_eq!(
             (c.count(), c.decided("a"), c.reserved("a", 0)),
             (0, 0, (0, 0))
         );
-        assert_eq!(c.undo("a", 6), 0, "once");
+        assert_eq!(c.undo("a", 7), 0, "once");
     }
 
     /// 15 s into a minute window.

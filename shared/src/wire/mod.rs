@@ -378,10 +378,9 @@ pub struct ReplayEvent {
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub renew: u64,
-    /// Undo what the process's decision calls on the cell from this id on counted (default
-    /// 0: nothing), as a decision's `undo_from` does: their answers never arrived and it
-    /// decided those requests itself. Sent with the replay too, so a key that makes no more
-    /// calls is not left counted twice.
+    /// Undo what the process's decision call with this id counted on the cell (default 0:
+    /// nothing), as a decision's `undo_from` does. Sent with the replay too, so a key that
+    /// makes no more calls is not left counted twice.
     #[serde(default, skip_serializing_if = "is_zero")]
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
@@ -478,8 +477,10 @@ pub struct DecideLimitRequest {
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
     pub call: u64,
-    /// Undo what the caller's calls from this id on counted (default 0: nothing): their answers
-    /// never arrived, and the caller decided those requests itself.
+    /// Undo what the caller's call with this id counted, if it is the last the origin counted
+    /// for the caller on the cell (default 0: nothing): its answer never arrived, and the
+    /// caller decided that request itself. A later call counted since is never undone (its
+    /// answer may have come); the lost one then stays counted, over and never under.
     #[serde(default, skip_serializing_if = "is_zero")]
     #[cfg_attr(feature = "openapi", schema(maximum = 18_446_744_073_709_551_615_u64))]
     #[serde(deserialize_with = "integer::integer")]
@@ -579,7 +580,8 @@ pub struct DecideRef<'a> {
     pub release: u64,
     /// This call's id (0: none).
     pub call: u64,
-    /// Undo the caller's counted calls from this id on (0: nothing).
+    /// Undo what the caller's call with this id counted, if the origin counted none since (0:
+    /// nothing).
     pub undo_from: u64,
     /// Whether the caller may be lent a covering lease (`DecideRequest::shares`).
     pub shares: bool,
@@ -601,7 +603,8 @@ pub struct ReplayRef<'a> {
     /// The largest count the origin acknowledged for the cell, as the process knows it (0:
     /// unknown); only a hint.
     pub acked: u64,
-    /// Undo the process's counted calls on the cell from this id on (0: nothing).
+    /// Undo what the process's call with this id counted on the cell, if the origin counted
+    /// none since (0: nothing).
     pub undo_from: u64,
 }
 

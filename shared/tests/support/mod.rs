@@ -9,6 +9,8 @@ use strata_core::rules::{RequestError, RequestView};
 use strata_core::table::{LimitRequest, Step};
 use strata_core::{CounterTable, Counts, OriginAnswer, OriginCall, WindowKeyRef};
 
+pub mod origin;
+
 /// Sends `key`'s first request to a scripted origin that counts it (the region's count is
 /// then 1) and lends `lease` for 5 s; panics if the table did not ask the origin.
 pub fn warm(table: &mut CounterTable, key: WindowKeyRef<'_>, limit: u64, lease: u64, now_ms: u64) {

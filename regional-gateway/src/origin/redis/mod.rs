@@ -138,7 +138,7 @@ local function undo(cell, from)
   if not rec then return end
   local c1 = string.find(rec, ':', 1, true)
   local c2 = string.find(rec, ':', c1 + 1, true)
-  if tonumber(string.sub(rec, 1, c1 - 1)) < from then return end
+  if tonumber(string.sub(rec, 1, c1 - 1)) ~= from then return end
   local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
   if undone > 0 then
     redis.call('HINCRBY', cell, 'n', -undone)
@@ -339,7 +339,7 @@ if undo_from > 0 then
   if rec then
     local c1 = string.find(rec, ':', 1, true)
     local c2 = string.find(rec, ':', c1 + 1, true)
-    if tonumber(string.sub(rec, 1, c1 - 1)) >= undo_from then
+    if tonumber(string.sub(rec, 1, c1 - 1)) == undo_from then
       local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
       if undone > 0 then
         set(1, {'n', string.format('%d', num(1, 'n') - undone),

@@ -350,7 +350,8 @@ async function proxy(request, env, ctx) {
   if (state.error) return errorResponse(500, "invalid_configuration", state.error);
   const url = request.url;
   if (state.debug && url.includes(STATS) && new URL(url).pathname === STATS) {
-    return json(200, JSON.parse(state.edge.stats()));
+    const stats = JSON.parse(state.edge.stats());
+    return json(200, { ...stats, ready: state.ready.size, timers: state.timers.length });
   }
   // A pass decided at once, the warm path, is read as its headers alone: no reply object.
   // A pass without headers to add returns the upstream's response itself, uncopied.

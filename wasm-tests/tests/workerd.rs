@@ -791,3 +791,78 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
     );
     assert_renewed(&s).await;
 }
+
+/// Requests whose clients hang up while they wait on a slow gateway leave nothing behind in
+/// the isolate: once their calls settle, no reply waits for a request that is gone
+/// (`ready`), the module holds no waiting request, no timer entry of a request that went
+/// away keeps later timers from being armed (`timers`), and a fresh key is limited exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_abandoned_while_waiting_leave_nothing_behind() {
+    const ABANDONED: usize = 100;
+    let s = stack().await;
+    let slow = common::slow::SlowProxy::start(
+        common::upstream::port_of(s.gateway()),
+        Duration::from_millis(500),
+    )
+    .await;
+    let gateway = format!("http://127.0.0.1:{}", slow.port);
+    let rules = per_key_rules(3);
+    let mut vars = edge_vars(&s, &rules);
+    vars.retain(|(name, _)| *name != "STRATA_GATEWAY_URL");
+    vars.extend([
+        ("STRATA_GATEWAY_URL", gateway.as_str()),
+        ("STRATA_TIMEOUT_MS", "1500"),
+        ("STRATA_DEBUG", "true"),
+    ]);
+    let mut edge = Workerd::proxy(&vars);
+    edge.ready().await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let tag = now_ms();
+    let gone: Vec<_> = (0..ABANDONED)
+        .map(|i| {
+            let (http, url) = (impatient.clone(), edge.base.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .get(&url)
+                    .header("x-api-key", format!("gone-{tag}-{i}"));
+                r.send().await.is_err()
+            })
+        })
+        .collect();
+    let mut hung_up = Vec::new();
+    for g in gone {
+        hung_up.push(g.await.unwrap());
+    }
+    assert!(
+        hung_up.iter().filter(|h| **h).count() * 2 > ABANDONED,
+        "most clients hung up before their answer: {hung_up:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let stats = loop {
+        let stats = edge_stats(&s.http, &edge).await;
+        let settled = stats["waiting"] == 0 && stats["ready"] == 0;
+        if settled || Instant::now() > deadline {
+            break stats;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let hung = hung_up.iter().filter(|h| **h).count();
+    println!("{hung} of {ABANDONED} clients hung up while waiting; then {stats}");
+    assert_eq!(
+        (&stats["waiting"], &stats["ready"]),
+        (&json!(0), &json!(0)),
+        "{stats}\n{}",
+        edge.log()
+    );
+    assert!(stats["timers"].as_u64().unwrap() <= 2, "{stats}");
+    let key = format!("after-{tag}");
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(admitted(&s.http, &edge.base, &key).await.unwrap());
+    }
+    assert_eq!(got, [true, true, true, false], "{}", edge.log());
+}

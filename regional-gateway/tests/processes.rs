@@ -671,3 +671,53 @@ async fn connections_past_the_bound_wait_for_a_free_one() {
         "the third served once a place is free"
     );
 }
+
+/// The lost-answer row through a gateway process: a decision Redis applies only after the
+/// origin timeout (its clients paused half a second) is decided by the failure mode, and the
+/// replay of that pass carries the undo of the lost call, so Redis counts the request once
+/// with no further request on the key. A decision Redis answered in time (a machine that
+/// stalled past the pause) is not the row: set up again on a fresh key, three times at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_lost_to_a_stalled_redis_counts_the_request_once() {
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", "150ms"]);
+    g.ready(&http).await;
+    let base = g.base.clone();
+    let send = |key: String| conformance_limit(http.clone(), base.clone(), key, 10);
+    // The decide script is loaded by a first call, so the stalled call is one command.
+    assert!(send(format!("warm-{}", std::process::id())).await.unwrap());
+    let fallback = || async {
+        let text = common::metrics(&http, &base).await;
+        common::metric_sum(&text, |l| {
+            l.starts_with("strata_decisions_total{source=\"fallback\"")
+        })
+    };
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let day = since.unwrap().as_secs() / 86_400;
+    for attempt in 0..3 {
+        let key = format!("lost-{}-{attempt}", std::process::id());
+        let before = fallback().await;
+        // Every command waits half a second from here (the pause is on once Redis answers).
+        assert_eq!(redis.cli(&["CLIENT", "PAUSE", "500", "ALL"]), "OK");
+        assert!(send(key.clone()).await.unwrap(), "admitted");
+        if fallback().await == before {
+            continue; // Redis answered in time: not the row
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut counted = 0;
+        while Instant::now() < deadline {
+            let read =
+                common::process::read_count(&http, &base, "conformance", &key, 86_400_000, day);
+            counted = read.await.unwrap_or(0);
+            if counted == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(counted, 1, "one request admitted, counted once");
+        return;
+    }
+    panic!("Redis answered within the timeout three times: the pause never caught a decision");
+}

@@ -895,3 +895,95 @@ async fn gateways_whose_clocks_disagree_stay_exact() {
     }
     assert_eq!(admitted, 100, "exactly the limit, clocks 7 s apart");
 }
+
+/// A caller inventing instance ids cannot grow a cell without bound, on Redis as in memory:
+/// past `MAX_HOLDERS` writers each new one takes the place of the entry that matters least (no
+/// lease, the smallest part, the first instance id), and both origins drop the same entries:
+/// an early writer replayed again is counted again by both (over, never under), a lease
+/// holder's replay is not. The region's count keeps every count; the Redis hash stays within
+/// the bound.
+#[tokio::test]
+async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
+    use strata_core::ledger::MAX_HOLDERS;
+    let redis = RedisServer::start();
+    let origin = |origin| {
+        OriginClient::new(
+            origin,
+            Duration::from_secs(5),
+            100 * 24 * 3_600_000,
+            Arc::new(Metrics::default()),
+        )
+    };
+    let origins = [
+        origin(Origin::Memory(MemoryOrigin::new())),
+        origin(Origin::Redis(
+            RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap(),
+        )),
+    ];
+    let day = WindowDuration::from_ms(86_400_000).unwrap();
+    let k = WindowKeyRef::new("default", "api", "crowded", day).unwrap();
+    let now = START + 1_000;
+    let seq = day.sequence(now);
+    let cell = |used| CellUsed {
+        key: k,
+        sequence: seq,
+        used,
+        release: 0,
+        renew: 0,
+        acked: 0,
+        undo_from: 0,
+    };
+    let limit = 1_000_000;
+    for o in &origins {
+        let lent = o
+            .decide("leaseholder", &[plain(k, limit, 1, 100)], now)
+            .await;
+        assert!(lent.unwrap().limits[0].lease > 0, "a lease holder");
+        // ...that passed one from its lease (and is the smallest part, with the lease)
+        o.replay("leaseholder", &[cell(1)], now).await.unwrap();
+    }
+    let writers = MAX_HOLDERS + 200;
+    let mut counts = [0, 0];
+    for i in 0..writers {
+        let instance = format!("w{i:05}");
+        let used = 1 + (i as u64 % 3);
+        for (o, c) in origins.iter().zip(&mut counts) {
+            *c = o.replay(&instance, &[cell(used)], now).await.unwrap()[0]
+                .unwrap()
+                .count;
+        }
+        assert_eq!(counts[0], counts[1], "writer {i}");
+    }
+    let sum: u64 = (0..writers).map(|i| 1 + (i as u64 % 3)).sum();
+    assert_eq!(counts[0], 2 + sum, "every count kept");
+    let fields: u64 = redis
+        .cli(&["HLEN", &strata_gateway::origin::redis::cell_key(k, seq)])
+        .parse()
+        .unwrap();
+    assert!(fields <= MAX_HOLDERS as u64 + 8, "{fields} fields");
+    // w00000 (part 1, first id) made way early: counted again; the lease holder stays.
+    for (instance, grows) in [("w00000", 1), ("leaseholder", 0)] {
+        for (o, c) in origins.iter().zip(&mut counts) {
+            let before = *c;
+            *c = o.replay(instance, &[cell(1)], now).await.unwrap()[0]
+                .unwrap()
+                .count;
+            assert_eq!(*c - before, grows, "{instance}");
+        }
+    }
+    // A decision from a new caller makes way the same: for it, w00000 (part 1, the first id)
+    // goes again.
+    for o in &origins {
+        let passed = o
+            .decide("late-decider", &[plain(k, limit, 1, 0)], now)
+            .await;
+        assert!(passed.unwrap().success);
+    }
+    for (o, c) in origins.iter().zip(&mut counts) {
+        let before = *c + 1; // the decision's pass
+        *c = o.replay("w00000", &[cell(1)], now).await.unwrap()[0]
+            .unwrap()
+            .count;
+        assert_eq!(*c - before, 1, "w00000 after the decision");
+    }
+}

@@ -436,8 +436,8 @@ async fn pass_ahead_and_replay(
 
 /// A request on a key far from its limit that the process has no answer for passes ahead and
 /// costs Redis its replayed cell alone: three commands where it makes the cell (both counts
-/// added, the expiry set), two on a cell another gateway made; a decision on a cold key costs
-/// four or five.
+/// added, the expiry set), three on a cell another gateway made (both counts added, the
+/// cell's writers bounded: its size looked at); a decision on a cold key costs four or five.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_ahead_costs_redis_its_replayed_cell_alone() {
     const KEYS: u64 = 50;
@@ -454,7 +454,9 @@ async fn a_pass_ahead_costs_redis_its_replayed_cell_alone() {
     let b = on_redis(&redis).await;
     let ran = pass_ahead_and_replay(&redis, &b, KEYS).await;
     assert_eq!(ran.get("pexpire"), None, "the cell keeps its expiry");
-    assert_eq!(script_commands(&ran), 2 * KEYS);
+    // Both counts added, and the cell's size looked at (a new writer within the bound).
+    assert_eq!(ran.get("hlen"), Some(&KEYS), "{ran:?}");
+    assert_eq!(script_commands(&ran), 3 * KEYS);
     assert_eq!(redis.cli(&["HGET", &cell, "n"]), "2", "both passes counted");
 }
 

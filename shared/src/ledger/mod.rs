@@ -33,6 +33,13 @@ mod decide;
 
 pub use decide::{DecideAnswer, DecideLimit, DecideOutcome, Ledgers, decide};
 
+/// The most processes a cell keeps an entry for. Every decision reads the cell's entries, so
+/// without a bound a caller inventing instance ids would make each decision on the key (and,
+/// in Redis, every command behind it) slower. A new writer past it takes the place of the
+/// entry that matters least ([`CellLedger::evict_one`]); a legitimate cell seldom has more
+/// than a few hundred writers (Worker isolates) at once.
+pub const MAX_HOLDERS: usize = 1_024;
+
 /// One process's lease on a cell: it may admit locally while its own count plus its share of
 /// the previous window's weight stays within `ceiling`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +112,9 @@ impl CellLedger {
         let i = match self.holders.iter().position(|h| h.instance == instance) {
             Some(i) => i,
             None => {
+                if self.holders.len() >= MAX_HOLDERS {
+                    self.evict_one();
+                }
                 // Exactly one more: most cells only ever have one or two writers.
                 self.holders.reserve_exact(1);
                 self.holders.push(Holder {
@@ -119,6 +129,29 @@ impl CellLedger {
             }
         };
         &mut self.holders[i]
+    }
+
+    /// Drops the entry that matters least, for a new writer: one holding no lease before any
+    /// that does (dropping a live lease would free room its holder may still use), then the
+    /// smallest part (own count and passes decided here), then the first instance id. Its
+    /// counts stay in the region's count; if that process writes again, its cumulative own
+    /// count is counted again from zero (over, never under), so the smallest part goes.
+    fn evict_one(&mut self) {
+        let victim = (0..self.holders.len()).min_by(|&a, &b| {
+            let rank = |h: &Holder| (h.lease.is_some(), h.own.saturating_add(h.decided));
+            let (x, y) = (&self.holders[a], &self.holders[b]);
+            rank(x)
+                .cmp(&rank(y))
+                .then_with(|| x.instance.cmp(&y.instance))
+        });
+        if let Some(i) = victim {
+            self.holders.swap_remove(i);
+        }
+    }
+
+    /// How many processes the cell keeps an entry for (at most [`MAX_HOLDERS`]).
+    pub fn writers(&self) -> usize {
+        self.holders.len()
     }
 
     /// `instance`'s cumulative count as the origin holds it.
@@ -621,6 +654,35 @@ mod tests {
             (3, 2_001),
             "ids never repeat"
         );
+    }
+
+    #[test]
+    fn a_cell_keeps_at_most_max_holders_and_drops_the_entry_that_matters_least() {
+        let mut c = CellLedger::default();
+        c.merge_own("leased", 1);
+        c.lease("leased", 5, 0, false, 0, 1_000);
+        c.merge_own("small", 1);
+        for i in 0..MAX_HOLDERS - 2 {
+            c.merge_own(&format!("h{i:04}"), 2);
+        }
+        assert_eq!(c.writers(), MAX_HOLDERS);
+        let before = c.count();
+        c.merge_own("new", 3);
+        assert_eq!(c.writers(), MAX_HOLDERS, "bounded");
+        assert_eq!(
+            c.count(),
+            before + 3,
+            "the dropped entry's counts stay counted"
+        );
+        assert_eq!(
+            (c.own("small"), c.own("new")),
+            (0, 3),
+            "the smallest part went"
+        );
+        assert_eq!(c.own("leased"), 1, "a lease holder stays");
+        // Ties on the part: the first instance id goes.
+        c.merge_own("newer", 3);
+        assert_eq!((c.own("h0000"), c.own("h0001")), (0, 2));
     }
 
     #[test]

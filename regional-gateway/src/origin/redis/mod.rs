@@ -59,6 +59,43 @@ local function release(cell, inst, id)
 end
 "#;
 
+/// `CellLedger::evict_one` over a cell's fields `t`: how many processes write to it (any
+/// field of theirs: own count, decided, lease, last lease id, last counted call), and the one
+/// whose entry matters least, other than `except`: holding no lease before holding one, then
+/// the smallest part (own count and decided), then the first instance id. A cell keeps at
+/// most `MAX_HOLDERS` (written in from the core) writers.
+const WRITERS_LUA: &str = r#"
+local writer_fields = {'o:', 'd:', 'i:', 'u:', 'l:'}
+local function least_writer(t, except)
+  local part, leased = {}, {}
+  for f, v in pairs(t) do
+    local p = string.sub(f, 1, 2)
+    if p == 'o:' or p == 'd:' or p == 'i:' or p == 'u:' or p == 'l:' then
+      local w = string.sub(f, 3)
+      local add = 0
+      if p == 'o:' or p == 'd:' then add = tonumber(v) or 0 end
+      part[w] = (part[w] or 0) + add
+      if p == 'l:' then leased[w] = 1 end
+    end
+  end
+  local n, victim = 0, nil
+  for w, pw in pairs(part) do
+    n = n + 1
+    if w ~= except then
+      if victim == nil then
+        victim = w
+      else
+        local a, b = leased[w] or 0, leased[victim] or 0
+        if a < b or (a == b and (pw < part[victim] or (pw == part[victim] and w < victim))) then
+          victim = w
+        end
+      end
+    end
+  end
+  return n, victim
+end
+"#;
+
 /// A replay batch, one script call for all its cells. KEYS: the cells. ARGV: instance, how
 /// long a renewed lease is reserved (ms, on Redis's clock), then per cell its own cumulative count, the count the caller knows was acknowledged (0:
 /// unknown), ttl ms, the id of a lease given back (0: none), the id of a live lease to
@@ -69,8 +106,11 @@ end
 /// A cell costs Redis two commands when the caller's acknowledged count agrees with the own
 /// count held here (the usual case, and a process's first write, acknowledged as 0): the
 /// difference added to both, the check being the own count `HINCRBY` returns; three where
-/// that first write makes the cell (a pass ahead on a key new to the region). Otherwise (a
-/// lost answer, lost data) it is put right with a `max`-merge, two or three commands more.
+/// that first write makes the cell (a pass ahead on a key new to the region), and one more
+/// (`HLEN`) where it is the caller's first write to a cell others made (a cell keeps at most
+/// `ledger::MAX_HOLDERS` writers; past it, a full read and the dropped entry's deletes).
+/// Otherwise (a lost answer, lost data) it is put right with a `max`-merge, two or three
+/// commands more.
 /// The expiry is set once, by the write that makes the cell (the decide script sets it for
 /// cells decided first), not on every replay. A renewal (once per lease lifetime of a key in
 /// use, two commands: the lease read, then it and the holder's last id written) keeps the same
@@ -98,6 +138,19 @@ local function renew(cell, id)
     own_lease, string.sub(v, 1, sep) .. string.format('%d', new))
   return new
 end
+-- a cell keeps at most MAX_HOLDERS writers: a caller that just wrote its first count to a
+-- cell others made takes the place of the entry that matters least (one command, HLEN, on a
+-- cell within the bound)
+local function make_room(cell)
+  if redis.call('HLEN', cell) <= MAX_HOLDERS + 1 then return end
+  local all = redis.call('HGETALL', cell)
+  local t = {}
+  for j = 1, #all, 2 do t[all[j]] = all[j + 1] end
+  local n, victim = least_writer(t, inst)
+  if n - 1 >= MAX_HOLDERS and victim then
+    for _, p in ipairs(writer_fields) do redis.call('HDEL', cell, p .. victim) end
+  end
+end
 local function merge(cell, used, acked, ttl)
   -- nothing of its own to merge (a lease given back on a key the origin decided): the count
   if used == 0 then return tonumber(redis.call('HGET', cell, 'n') or '0') end
@@ -107,13 +160,22 @@ local function merge(cell, used, acked, ttl)
     local v = redis.call('HINCRBY', cell, f, d)
     if v == used then
       local n = redis.call('HINCRBY', cell, 'n', d)
-      -- the cell's first count (a pass ahead on a key new to the region): the cell was made
-      if acked == 0 and n == d then redis.call('PEXPIRE', cell, ttl, 'NX') end
+      if acked == 0 and n == d then
+        -- the cell's first count (a pass ahead on a key new to the region): the cell was made
+        redis.call('PEXPIRE', cell, ttl, 'NX')
+      elseif acked == 0 then
+        -- the caller's first write to a cell others made
+        make_room(cell)
+      end
       return n
     end
     -- it was not: put the record right (it held v - d) and merge with max
     local held = v - d
-    if held == 0 then redis.call('PEXPIRE', cell, ttl, 'NX') end
+    if held == 0 then
+      redis.call('PEXPIRE', cell, ttl, 'NX')
+      -- no record of the caller here (its entry may have made way for another's)
+      make_room(cell)
+    end
     if used > held then
       redis.call('HSET', cell, f, used)
       return redis.call('HINCRBY', cell, 'n', used - held)
@@ -125,7 +187,10 @@ local function merge(cell, used, acked, ttl)
   if used > tonumber(held or '0') then
     local n = redis.call('HINCRBY', cell, 'n', used - tonumber(held or '0'))
     redis.call('HSET', cell, f, used)
-    if not held then redis.call('PEXPIRE', cell, ttl, 'NX') end
+    if not held then
+      redis.call('PEXPIRE', cell, ttl, 'NX')
+      make_room(cell)
+    end
     return n
   end
   return tonumber(redis.call('HGET', cell, 'n') or '0')
@@ -243,7 +308,30 @@ end
 local function num(i, f) return tonumber(h[i][f] or '0') end
 -- one HSET of `fv` (field, value, field, value, ...); the script is atomic, so a count read
 -- here and set there is what HINCRBY would have made it
+local inst = ARGV[5]
+-- whether the caller writes to cell i already (any field of its)
+local function writes(i)
+  local t = h[i]
+  return t['o:' .. inst] or t['d:' .. inst] or t['i:' .. inst] or t['u:' .. inst] or t['l:' .. inst]
+end
+local del
+-- a cell keeps at most MAX_HOLDERS writers: a caller about to write to cell i for the first
+-- time takes the place of the entry that matters least (CellLedger::writer)
+local function make_room(i, fv)
+  if writes(i) then return end
+  for j = 1, #fv, 2 do
+    local f = fv[j]
+    if string.sub(f, 2, 2) == ':' and string.sub(f, 3) == inst then
+      local n, victim = least_writer(h[i], inst)
+      if n >= MAX_HOLDERS and victim then
+        for _, p in ipairs(writer_fields) do del(i, p .. victim) end
+      end
+      return
+    end
+  end
+end
 local function set(i, fv)
+  make_room(i, fv)
   local t = h[i]
   for j = 1, #fv, 2 do
     if t[fv[j]] == nil then
@@ -254,13 +342,12 @@ local function set(i, fv)
   end
   redis.call('HSET', KEYS[i], unpack(fv))
 end
-local function del(i, f)
+del = function(i, f)
   if h[i][f] == nil then return end
   redis.call('HDEL', KEYS[i], f)
   h[i][f] = nil
   size[i] = size[i] - 1
 end
-local inst = ARGV[5]
 -- the caller's lease field in a cell
 local own_lease = 'l:' .. inst
 -- merge the caller's cumulative own count ('o:'), or what it says was passed here for it
@@ -469,7 +556,8 @@ return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, le
 /// The decide script with the core's lease constants written in, so the port cannot drift
 /// from [`strata_core::lease::grant`] by a number (a name left unreplaced is a Lua error).
 fn decide_lua() -> String {
-    format!("{LEASE_LUA}{DECIDE_LUA}")
+    format!("{LEASE_LUA}{WRITERS_LUA}{DECIDE_LUA}")
+        .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
         .replace(
             "SMALL_LEASE_DIVISOR",
             &strata_core::lease::SMALL_LEASE_DIVISOR.to_string(),
@@ -482,6 +570,13 @@ fn decide_lua() -> String {
             "COVER_FACTOR",
             &strata_core::lease::COVER_FACTOR.to_string(),
         )
+}
+
+/// The replay script, its cells' keys found as `keys` says, with the core's bound on a
+/// cell's writers written in.
+fn replay_lua(keys: &str) -> String {
+    format!("{LEASE_LUA}{RELEASE_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}")
+        .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
 }
 
 /// Version prefix of every key, so a future encoding can live beside this one.
@@ -584,9 +679,10 @@ impl RedisOrigin {
         Self {
             link,
             decide: redis::Script::new(&decide_lua()),
-            replay: format!("{LEASE_LUA}{RELEASE_LUA}{KEYS_DECLARED_LUA}{REPLAY_LUA}").into(),
+            replay: replay_lua(KEYS_DECLARED_LUA).into(),
             replay_node: redis::Script::new(&format!(
-                "#!lua flags=allow-cross-slot-keys\n{LEASE_LUA}{RELEASE_LUA}{KEYS_UNDECLARED_LUA}{REPLAY_LUA}"
+                "#!lua flags=allow-cross-slot-keys\n{}",
+                replay_lua(KEYS_UNDECLARED_LUA)
             )),
             roll_back: redis::Script::new(&format!("{LEASE_LUA}{ROLLBACK_LUA}")),
         }

@@ -395,6 +395,24 @@ fn client(origin: Origin) -> OriginClient {
     )
 }
 
+/// The embedded origin and one on `redis`, with leases that outlive a test run.
+fn side_by_side(redis: &RedisServer) -> [OriginClient; 2] {
+    let long = |origin| {
+        OriginClient::new(
+            origin,
+            Duration::from_secs(5),
+            100 * 24 * 3_600_000,
+            Arc::new(Metrics::default()),
+        )
+    };
+    [
+        long(Origin::Memory(MemoryOrigin::new())),
+        long(Origin::Redis(
+            RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap(),
+        )),
+    ]
+}
+
 /// The same sequence of decisions and replays, from three instances, against the embedded
 /// origin and against Redis's scripts: identical verdicts, remaining counts, cells, own counts
 /// and leases, including counts and windows large enough that a naive floating-point product
@@ -404,18 +422,7 @@ fn client(origin: Origin) -> OriginClient {
 #[tokio::test]
 async fn the_redis_scripts_and_the_embedded_origin_agree() {
     let redis = RedisServer::start();
-    let long = |origin| {
-        OriginClient::new(
-            origin,
-            Duration::from_secs(5),
-            100 * 24 * 3_600_000,
-            Arc::new(Metrics::default()),
-        )
-    };
-    let memory = long(Origin::Memory(MemoryOrigin::new()));
-    let on_redis = long(Origin::Redis(
-        RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap(),
-    ));
+    let [memory, on_redis] = side_by_side(&redis);
     let month = WindowDuration::from_ms(30 * 24 * 3_600_000).unwrap();
     let minute = WindowDuration::from_ms(60_000).unwrap();
     let mut rng = 0x1234_5678_u64;
@@ -906,20 +913,7 @@ async fn gateways_whose_clocks_disagree_stay_exact() {
 async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
     use strata_core::ledger::MAX_HOLDERS;
     let redis = RedisServer::start();
-    let origin = |origin| {
-        OriginClient::new(
-            origin,
-            Duration::from_secs(5),
-            100 * 24 * 3_600_000,
-            Arc::new(Metrics::default()),
-        )
-    };
-    let origins = [
-        origin(Origin::Memory(MemoryOrigin::new())),
-        origin(Origin::Redis(
-            RedisOrigin::new(&redis.url(), Duration::from_secs(5)).unwrap(),
-        )),
-    ];
+    let origins = side_by_side(&redis);
     let day = WindowDuration::from_ms(86_400_000).unwrap();
     let k = WindowKeyRef::new("default", "api", "crowded", day).unwrap();
     let now = START + 1_000;

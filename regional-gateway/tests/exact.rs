@@ -904,14 +904,14 @@ async fn gateways_whose_clocks_disagree_stay_exact() {
 }
 
 /// A caller inventing instance ids cannot grow a cell without bound, on Redis as in memory:
-/// past `MAX_HOLDERS` writers each new one takes the place of the entry that matters least (no
-/// lease, the smallest part, the first instance id), and both origins drop the same entries:
-/// an early writer replayed again is counted again by both (over, never under), a lease
-/// holder's replay is not. The region's count keeps every count; the Redis hash stays within
-/// the bound.
+/// a new writer that finds `MAX_HOLDERS` makes room for `EVICT_BATCH`, dropping the entries
+/// that matter least (no lease, the smallest parts, the first instance ids), and both origins
+/// drop the same ones: an early writer replayed again is counted again by both (over, never
+/// under), a lease holder's replay is not. The region's count keeps every count; the Redis
+/// hash stays within the bound.
 #[tokio::test]
 async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
-    use strata_core::ledger::MAX_HOLDERS;
+    use strata_core::ledger::{EVICT_BATCH, MAX_HOLDERS};
     let redis = RedisServer::start();
     let origins = side_by_side(&redis);
     let day = WindowDuration::from_ms(86_400_000).unwrap();
@@ -933,10 +933,10 @@ async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
             .decide("leaseholder", &[plain(k, limit, 1, 100)], now)
             .await;
         assert!(lent.unwrap().limits[0].lease > 0, "a lease holder");
-        // ...that passed one from its lease (and is the smallest part, with the lease)
+        // ...that passed one from its lease
         o.replay("leaseholder", &[cell(1)], now).await.unwrap();
     }
-    let writers = MAX_HOLDERS + 200;
+    let writers = MAX_HOLDERS + 2 * EVICT_BATCH;
     let mut counts = [0, 0];
     for i in 0..writers {
         let instance = format!("w{i:05}");
@@ -955,8 +955,9 @@ async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
         .parse()
         .unwrap();
     assert!(fields <= MAX_HOLDERS as u64 + 8, "{fields} fields");
-    // w00000 (part 1, first id) made way early: counted again; the lease holder stays.
-    for (instance, grows) in [("w00000", 1), ("leaseholder", 0)] {
+    // The drops took part-1 writers in id order: w00000 went, and comes back counted again;
+    // w00002 (part 3) and the lease holder stay.
+    for (instance, grows) in [("w00000", 1), ("w00002", 0), ("leaseholder", 0)] {
         for (o, c) in origins.iter().zip(&mut counts) {
             let before = *c;
             *c = o.replay(instance, &[cell(1)], now).await.unwrap()[0]
@@ -965,19 +966,32 @@ async fn a_cell_keeps_a_bounded_number_of_writers_on_redis_as_in_memory() {
             assert_eq!(*c - before, grows, "{instance}");
         }
     }
-    // A decision from a new caller makes way the same: for it, w00000 (part 1, the first id)
-    // goes again.
-    for o in &origins {
+    // Full again (writers with part 3), a decision from a new caller makes room the same
+    // way: w00000, part 1 and the first id, goes again.
+    let mut held = 1; // the lease holder
+    for _ in 0..=writers {
+        if held >= MAX_HOLDERS {
+            held -= EVICT_BATCH;
+        }
+        held += 1;
+    }
+    for j in held..MAX_HOLDERS {
+        for o in &origins {
+            o.replay(&format!("t{j:05}"), &[cell(3)], now)
+                .await
+                .unwrap();
+        }
+    }
+    for (o, c) in origins.iter().zip(&mut counts) {
         let passed = o
             .decide("late-decider", &[plain(k, limit, 1, 0)], now)
             .await;
         assert!(passed.unwrap().success);
-    }
-    for (o, c) in origins.iter().zip(&mut counts) {
-        let before = *c + 1; // the decision's pass
+        let before = *c;
         *c = o.replay("w00000", &[cell(1)], now).await.unwrap()[0]
             .unwrap()
             .count;
-        assert_eq!(*c - before, 1, "w00000 after the decision");
+        let topped = 3 * (MAX_HOLDERS - held) as u64;
+        assert_eq!(*c - before - topped - 1, 1, "w00000 after the decision");
     }
 }

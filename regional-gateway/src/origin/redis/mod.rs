@@ -59,14 +59,14 @@ local function release(cell, inst, id)
 end
 "#;
 
-/// `CellLedger::evict_one` over a cell's fields `t`: how many processes write to it (any
-/// field of theirs: own count, decided, lease, last lease id, last counted call), and the one
-/// whose entry matters least, other than `except`: holding no lease before holding one, then
-/// the smallest part (own count and decided), then the first instance id. A cell keeps at
-/// most `MAX_HOLDERS` (written in from the core) writers.
+/// `CellLedger::make_room` over a cell's fields `t`: how many processes write to it (any
+/// field of theirs: own count, decided, lease, last lease id, last counted call) other than
+/// `except`, and the `EVICT_BATCH` of those whose entries matter least: holding no lease before
+/// holding one, then the smallest parts (own count and decided), then the first instance ids.
+/// A cell keeps at most `MAX_HOLDERS` writers (both written in from the core).
 const WRITERS_LUA: &str = r#"
 local writer_fields = {'o:', 'd:', 'i:', 'u:', 'l:'}
-local function least_writer(t, except)
+local function least_writers(t, except)
   local part, leased = {}, {}
   for f, v in pairs(t) do
     local p = string.sub(f, 1, 2)
@@ -78,21 +78,19 @@ local function least_writer(t, except)
       if p == 'l:' then leased[w] = 1 end
     end
   end
-  local n, victim = 0, nil
+  local all = {}
   for w, pw in pairs(part) do
-    n = n + 1
-    if w ~= except then
-      if victim == nil then
-        victim = w
-      else
-        local a, b = leased[w] or 0, leased[victim] or 0
-        if a < b or (a == b and (pw < part[victim] or (pw == part[victim] and w < victim))) then
-          victim = w
-        end
-      end
-    end
+    if w ~= except then all[#all + 1] = {w = w, l = leased[w] or 0, p = pw} end
   end
-  return n, victim
+  if #all < MAX_HOLDERS then return #all, {} end
+  table.sort(all, function(a, b)
+    if a.l ~= b.l then return a.l < b.l end
+    if a.p ~= b.p then return a.p < b.p end
+    return a.w < b.w
+  end)
+  local victims = {}
+  for j = 1, math.min(EVICT_BATCH, #all) do victims[j] = all[j].w end
+  return #all, victims
 end
 "#;
 
@@ -108,7 +106,8 @@ end
 /// difference added to both, the check being the own count `HINCRBY` returns; three where
 /// that first write makes the cell (a pass ahead on a key new to the region), and one more
 /// (`HLEN`) where it is the caller's first write to a cell others made (a cell keeps at most
-/// `ledger::MAX_HOLDERS` writers; past it, a full read and the dropped entry's deletes).
+/// `ledger::MAX_HOLDERS` writers; past it, a full read and the deletes of the
+/// `ledger::EVICT_BATCH` entries dropped).
 /// Otherwise (a lost answer, lost data) it is put right with a `max`-merge, two or three
 /// commands more.
 /// The expiry is set once, by the write that makes the cell (the decide script sets it for
@@ -146,8 +145,8 @@ local function make_room(cell)
   local all = redis.call('HGETALL', cell)
   local t = {}
   for j = 1, #all, 2 do t[all[j]] = all[j + 1] end
-  local n, victim = least_writer(t, inst)
-  if n - 1 >= MAX_HOLDERS and victim then
+  local _, victims = least_writers(t, inst)
+  for _, victim in ipairs(victims) do
     for _, p in ipairs(writer_fields) do redis.call('HDEL', cell, p .. victim) end
   end
 end
@@ -322,8 +321,8 @@ local function make_room(i, fv)
   for j = 1, #fv, 2 do
     local f = fv[j]
     if string.sub(f, 2, 2) == ':' and string.sub(f, 3) == inst then
-      local n, victim = least_writer(h[i], inst)
-      if n >= MAX_HOLDERS and victim then
+      local _, victims = least_writers(h[i], inst)
+      for _, victim in ipairs(victims) do
         for _, p in ipairs(writer_fields) do del(i, p .. victim) end
       end
       return
@@ -558,6 +557,7 @@ return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, le
 fn decide_lua() -> String {
     format!("{LEASE_LUA}{WRITERS_LUA}{DECIDE_LUA}")
         .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
+        .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
         .replace(
             "SMALL_LEASE_DIVISOR",
             &strata_core::lease::SMALL_LEASE_DIVISOR.to_string(),
@@ -577,6 +577,7 @@ fn decide_lua() -> String {
 fn replay_lua(keys: &str) -> String {
     format!("{LEASE_LUA}{RELEASE_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}")
         .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
+        .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
 }
 
 /// Version prefix of every key, so a future encoding can live beside this one.

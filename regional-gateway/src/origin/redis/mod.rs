@@ -48,6 +48,19 @@ local function names_lease(v, id)
 end
 "#;
 
+/// The decide and the replay scripts': the cost and the lease id of a process's last counted
+/// call (`'u:<instance>'` = `"<call>:<cost>:<lease id>"`) if it is call `id`, else `nil`:
+/// `CellLedger::undo` takes back only that call.
+const COUNTED_LUA: &str = r#"
+local function counted_call(rec, id)
+  if not rec or id == 0 then return nil end
+  local c1 = string.find(rec, ':', 1, true)
+  local c2 = string.find(rec, ':', c1 + 1, true)
+  if tonumber(string.sub(rec, 1, c1 - 1)) ~= id then return nil end
+  return tonumber(string.sub(rec, c1 + 1, c2 - 1)), string.sub(rec, c2 + 1)
+end
+"#;
+
 /// The replay script's: drop a process's lease `id` on `cell` unless a newer grant replaced it.
 const RELEASE_LUA: &str = r#"
 local function release(cell, inst, id)
@@ -59,18 +72,20 @@ local function release(cell, inst, id)
 end
 "#;
 
-/// `CellLedger::make_room` over a cell's fields `t`: how many processes write to it (any
-/// field of theirs: own count, decided, lease, last lease id, last counted call) other than
-/// `except`, and the `EVICT_BATCH` of those whose entries matter least: holding no lease before
-/// holding one, then the smallest parts (own count and decided), then the first instance ids.
-/// A cell keeps at most `MAX_HOLDERS` writers (both written in from the core).
+/// `CellLedger::make_room` over a cell's fields `t`: when `MAX_HOLDERS` processes other than
+/// `except` write to it (any field of theirs: own count, decided, lease, last lease id, last
+/// counted call), the `EVICT_BATCH` of them whose entries matter least (holding no lease
+/// before holding one, then the smallest parts, own count and decided, then the first
+/// instance ids); none below that. Both bounds are written in from the core.
 const WRITERS_LUA: &str = r#"
 local writer_fields = {'o:', 'd:', 'i:', 'u:', 'l:'}
+local is_writer_field = {}
+for _, p in ipairs(writer_fields) do is_writer_field[p] = true end
 local function least_writers(t, except)
   local part, leased = {}, {}
   for f, v in pairs(t) do
     local p = string.sub(f, 1, 2)
-    if p == 'o:' or p == 'd:' or p == 'i:' or p == 'u:' or p == 'l:' then
+    if is_writer_field[p] then
       local w = string.sub(f, 3)
       local add = 0
       if p == 'o:' or p == 'd:' then add = tonumber(v) or 0 end
@@ -82,7 +97,7 @@ local function least_writers(t, except)
   for w, pw in pairs(part) do
     if w ~= except then all[#all + 1] = {w = w, l = leased[w] or 0, p = pw} end
   end
-  if #all < MAX_HOLDERS then return #all, {} end
+  if #all < MAX_HOLDERS then return {} end
   table.sort(all, function(a, b)
     if a.l ~= b.l then return a.l < b.l end
     if a.p ~= b.p then return a.p < b.p end
@@ -90,7 +105,7 @@ local function least_writers(t, except)
   end)
   local victims = {}
   for j = 1, math.min(EVICT_BATCH, #all) do victims[j] = all[j].w end
-  return #all, victims
+  return victims
 end
 "#;
 
@@ -145,7 +160,7 @@ local function make_room(cell)
   local all = redis.call('HGETALL', cell)
   local t = {}
   for j = 1, #all, 2 do t[all[j]] = all[j + 1] end
-  local _, victims = least_writers(t, inst)
+  local victims = least_writers(t, inst)
   for _, victim in ipairs(victims) do
     for _, p in ipairs(writer_fields) do redis.call('HDEL', cell, p .. victim) end
   end
@@ -198,18 +213,14 @@ end
 -- one counted here ('u:<instance>' = "<call>:<cost>:<lease id>") is taken back
 local function undo(cell, from)
   if from == 0 then return end
-  local rec = redis.call('HGET', cell, 'u:' .. inst)
-  if not rec then return end
-  local c1 = string.find(rec, ':', 1, true)
-  local c2 = string.find(rec, ':', c1 + 1, true)
-  if tonumber(string.sub(rec, 1, c1 - 1)) ~= from then return end
-  local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
+  local undone, lease_id = counted_call(redis.call('HGET', cell, 'u:' .. inst), from)
+  if not undone then return end
   if undone > 0 then
     redis.call('HINCRBY', cell, 'n', -undone)
     local d = tonumber(redis.call('HGET', cell, 'd:' .. inst) or '0')
     redis.call('HSET', cell, 'd:' .. inst, string.format('%d', math.max(d - undone, 0)))
   end
-  release(cell, inst, string.sub(rec, c2 + 1))
+  release(cell, inst, lease_id)
   redis.call('HDEL', cell, 'u:' .. inst)
   -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
   if redis.call('HEXISTS', cell, f) == 0 and redis.call('HEXISTS', cell, 'i:' .. inst) == 0 then
@@ -310,8 +321,10 @@ local function num(i, f) return tonumber(h[i][f] or '0') end
 local inst = ARGV[5]
 -- whether the caller writes to cell i already (any field of its)
 local function writes(i)
-  local t = h[i]
-  return t['o:' .. inst] or t['d:' .. inst] or t['i:' .. inst] or t['u:' .. inst] or t['l:' .. inst]
+  for _, p in ipairs(writer_fields) do
+    if h[i][p .. inst] then return true end
+  end
+  return false
 end
 local del
 -- a cell keeps at most MAX_HOLDERS writers: a caller about to write to cell i for the first
@@ -321,7 +334,7 @@ local function make_room(i, fv)
   for j = 1, #fv, 2 do
     local f = fv[j]
     if string.sub(f, 2, 2) == ':' and string.sub(f, 3) == inst then
-      local _, victims = least_writers(h[i], inst)
+      local victims = least_writers(h[i], inst)
       for _, victim in ipairs(victims) do
         for _, p in ipairs(writer_fields) do del(i, p .. victim) end
       end
@@ -419,24 +432,16 @@ merge_own(2, tonumber(ARGV[21]), 'd:')
 release(ARGV[13])
 -- calls whose answer the caller never got: it decided those requests itself, so what the last
 -- one counted here ('u:<instance>' = "<call>:<cost>:<lease id>") is taken back
-local undo_from = tonumber(ARGV[16])
-if undo_from > 0 then
-  local rec = h[1]['u:' .. inst]
-  if rec then
-    local c1 = string.find(rec, ':', 1, true)
-    local c2 = string.find(rec, ':', c1 + 1, true)
-    if tonumber(string.sub(rec, 1, c1 - 1)) == undo_from then
-      local undone = tonumber(string.sub(rec, c1 + 1, c2 - 1))
-      if undone > 0 then
-        set(1, {'n', string.format('%d', num(1, 'n') - undone),
-          'd:' .. inst, string.format('%d', math.max(num(1, 'd:' .. inst) - undone, 0))})
-      end
-      release(string.sub(rec, c2 + 1))
-      del(1, 'u:' .. inst)
-      -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
-      if h[1]['o:' .. inst] == nil and h[1]['i:' .. inst] == nil then set(1, {'o:' .. inst, '0'}) end
-    end
+local undone, undone_lease = counted_call(h[1]['u:' .. inst], tonumber(ARGV[16]))
+if undone then
+  if undone > 0 then
+    set(1, {'n', string.format('%d', num(1, 'n') - undone),
+      'd:' .. inst, string.format('%d', math.max(num(1, 'd:' .. inst) - undone, 0))})
   end
+  release(undone_lease)
+  del(1, 'u:' .. inst)
+  -- the caller stays a writer of the cell, as CellLedger::undo keeps its entry
+  if h[1]['o:' .. inst] == nil and h[1]['i:' .. inst] == nil then set(1, {'o:' .. inst, '0'}) end
 end
 -- this region's published count is a floor: an origin that lost its data counts from it
 for i = 1, 2 do
@@ -555,7 +560,7 @@ return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, le
 /// The decide script with the core's lease constants written in, so the port cannot drift
 /// from [`strata_core::lease::grant`] by a number (a name left unreplaced is a Lua error).
 fn decide_lua() -> String {
-    format!("{LEASE_LUA}{WRITERS_LUA}{DECIDE_LUA}")
+    format!("{LEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{DECIDE_LUA}")
         .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
         .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
         .replace(
@@ -575,7 +580,7 @@ fn decide_lua() -> String {
 /// The replay script, its cells' keys found as `keys` says, with the core's bound on a
 /// cell's writers written in.
 fn replay_lua(keys: &str) -> String {
-    format!("{LEASE_LUA}{RELEASE_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}")
+    format!("{LEASE_LUA}{RELEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}")
         .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
         .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
 }

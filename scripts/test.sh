@@ -154,7 +154,7 @@ SCHEMATHESIS_VERSION=4.32.5
 
 ensure_schemathesis() {
   # PyPI schemathesis in a virtual environment: the property-based client the gateway's
-  # OpenAPI test (regional-gateway/tests/openapi.rs) runs against live gateways.
+  # OpenAPI test (regional-gateway/tests/it/openapi.rs) runs against live gateways.
   local venv=.tools/schemathesis-venv
   if [ "$("$venv/bin/st" --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHESIS_VERSION" ]; then
     echo "installing schemathesis==$SCHEMATHESIS_VERSION into $venv"

@@ -1039,7 +1039,7 @@ mod tests {
     }
 
     /// Flag over file over default, field by field; the environment sits between flag and file
-    /// inside clap (tests/settings.rs runs the binary with all four).
+    /// inside clap (tests/it/settings.rs runs the binary with all four).
     #[test]
     fn layers_merge_field_by_field() {
         let flags = Layer {

@@ -346,7 +346,7 @@ fn shell_cwd(shell: &Shell) -> PathBuf {
 
 /// Ports and directories every run on this machine uses: one run at a time.
 fn machine_lock() -> std::fs::File {
-    // The same lock as the edge's and Envoy's README examples (wasm-tests/tests/readme_wasm.rs).
+    // The same lock as the edge's and Envoy's README examples (wasm-tests/tests/it/readme_wasm.rs).
     let path = Path::new("/tmp/strata-readme-examples.lock");
     let file = std::fs::File::create(path).expect("lock file");
     let mut locked = false;

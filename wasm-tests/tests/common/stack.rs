@@ -305,7 +305,7 @@ impl Stack {
         (sent, passed)
     }
 
-    /// The rivals row, as `regional-gateway/tests/exact_processes.rs` runs it on two gateway
+    /// The rivals row, as `regional-gateway/tests/it/exact_processes.rs` runs it on two gateway
     /// processes: through two processes of a shell (`bases`, rules [`rivals_rule`]), one client
     /// each keeps one key over its limit for 8 s (a request every 7 ms). Each unit the window
     /// frees shows in both processes' views at once; a process that lost one to the other
@@ -339,7 +339,7 @@ impl Stack {
         );
     }
 
-    /// The quiet-holder row, as `regional-gateway/tests/exact_processes.rs` runs it on two
+    /// The quiet-holder row, as `regional-gateway/tests/it/exact_processes.rs` runs it on two
     /// gateway processes, through two processes of a shell (`bases`, rules [`rivals_rule`]):
     /// the first is sent one request 20 ms before a window ends, then nothing; the second's
     /// client keeps the key over its limit for 3 s from the next window's start. What the
@@ -403,7 +403,7 @@ pub const PACED_LIMIT: u64 = 400;
 const PACED_WINDOW_MS: u64 = 2_000;
 
 impl Stack {
-    /// The paced row, as `regional-gateway/tests/exact_processes.rs` runs it on gateway
+    /// The paced row, as `regional-gateway/tests/it/exact_processes.rs` runs it on gateway
     /// processes: through two processes of a shell (`bases`, rules [`paced_rule`]), one
     /// client each sends a request every 10 ms for 6 s, together the limit's rate. Each
     /// process is lent leases that cover its share of the previous window (the room its own

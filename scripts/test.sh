@@ -181,6 +181,14 @@ wasm_bindgen_tests() {
     cargo test -p strata-wasm-tests --target wasm32-unknown-unknown
 }
 
+readme_binaries() {
+  # The README's Run examples build the gateway and the lab by themselves (`cargo run -p
+  # strata-gateway`, `cargo build -p strata-gateway -p strata-lab`), with the features those two
+  # packages ask for rather than the whole workspace's: built here, so that the test running the
+  # examples finds them built instead of compiling beside the other tests.
+  cargo build -p strata-gateway -p strata-lab
+}
+
 no_std_builds() {
   # Default features off is the no_std build; the Wasm targets are what the edge shells use.
   for target in "${WASM_TARGETS[@]}"; do
@@ -203,6 +211,7 @@ step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
 step "build the Envoy filter and its fault-injection test variant (scripts/build-envoy.sh)" build_envoy
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
+step "build what the README's examples run (cargo build -p strata-gateway -p strata-lab)" readme_binaries
 step "cargo nextest run (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
   cargo nextest run --workspace
 step "cargo test --doc (the examples in the crates' documentation)" cargo test --workspace --doc

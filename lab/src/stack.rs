@@ -13,48 +13,11 @@ use crate::Result;
 use crate::shells::{Front, Through, Upstream};
 use crate::wan::{DelayProxy, Link};
 
-/// A loopback port nothing listens on, never handed out before by this run: the kernel may
-/// offer a port again as soon as the probe closes it, before the server it was meant for
-/// (a gateway, a Redis) has bound it. A lab a test starts under `cargo nextest` takes its ports
-/// from the block of that test's slot (`NEXTEST_TEST_GLOBAL_SLOT`, unique among the tests
-/// running at once), below the kernel's ephemeral range, so that labs and tests running side
-/// by side never race for one.
+/// A loopback port nothing listens on, never handed out before by this run (the tests' own
+/// definition: under `cargo nextest`, from the block of the slot of the test that started the
+/// lab, so that labs and tests running side by side never race for one).
 pub(crate) fn free_port() -> Result<u16> {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(block) = slot_block() {
-        return block
-            .into_iter()
-            .find(|&port| {
-                !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-            })
-            .inspect(|&port| {
-                given.insert(port);
-            })
-            .ok_or_else(|| "every port of this test slot's block is taken".into());
-    }
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| format!("no free loopback port: {e}"))?;
-        if given.insert(port) {
-            return Ok(port);
-        }
-    }
-}
-
-/// The ports of a nextest slot: 400 from 16,000 on, the blocks tests' own servers use
-/// (`regional-gateway/tests/common/port.rs`), which a lab's test never takes from.
-fn slot_block() -> Option<std::ops::Range<u16>> {
-    const BLOCK: u16 = 400;
-    let slot: u16 = std::env::var("NEXTEST_TEST_GLOBAL_SLOT")
-        .ok()?
-        .parse()
-        .ok()?;
-    let start = 16_000u16.checked_add(slot.checked_mul(BLOCK)?)?;
-    (start + BLOCK <= 32_768).then(|| start..start + BLOCK)
+    crate::shells::launchers::port::try_free_port()
 }
 
 /// Sends one inline command to the Redis on `port` and reads its answer until `done` holds.

@@ -9,6 +9,8 @@ pub mod cpu;
 pub mod envoy;
 #[path = "../../../wasm-tests/tests/common/message.rs"]
 pub mod message;
+#[path = "../../../regional-gateway/tests/common/port.rs"]
+pub mod port;
 #[path = "../../../wasm-tests/tests/common/upstream.rs"]
 pub mod upstream;
 #[path = "../../../wasm-tests/tests/common/workerd.rs"]
@@ -21,5 +23,5 @@ fn root() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    crate::stack::free_port().unwrap_or(0)
+    port::try_free_port().unwrap_or(0)
 }

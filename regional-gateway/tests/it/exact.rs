@@ -379,24 +379,22 @@ async fn redis_stopped_during_a_burst_falls_back_then_origin_decisions_resume() 
 }
 
 fn client(origin: Origin) -> OriginClient {
+    client_leasing_for(origin, 5_000)
+}
+
+/// An origin client whose leases last `lease_ms`.
+fn client_leasing_for(origin: Origin, lease_ms: u64) -> OriginClient {
     OriginClient::new(
         origin,
         Duration::from_secs(5),
-        5_000,
+        lease_ms,
         Arc::new(Metrics::default()),
     )
 }
 
 /// The embedded origin and one on `redis`, with leases that outlive a test run.
 fn side_by_side(redis: &RedisServer) -> [OriginClient; 2] {
-    let long = |origin| {
-        OriginClient::new(
-            origin,
-            Duration::from_secs(5),
-            100 * 24 * 3_600_000,
-            Arc::new(Metrics::default()),
-        )
-    };
+    let long = |origin| client_leasing_for(origin, 100 * 24 * 3_600_000);
     [
         long(Origin::Memory(MemoryOrigin::new())),
         long(Origin::Redis(

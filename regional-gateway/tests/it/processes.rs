@@ -767,3 +767,44 @@ async fn requests_abandoned_while_waiting_leave_the_gateway_deciding_exactly() {
     println!("{hung_up} of {ABANDONED} clients hung up while waiting on Redis; then {got:?}");
     assert_eq!(got, [true, true, true, false]);
 }
+
+/// The bound on a cell's writers from outside, through a gateway process's origin API: a
+/// client replaying under more instance ids than a cell keeps (`ledger::MAX_HOLDERS`, each id
+/// new) leaves the Redis hash within the bound, and every count it replayed counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invented_instance_ids_keep_a_cell_on_redis_within_its_bound() {
+    use strata_core::ledger::{EVICT_BATCH, MAX_HOLDERS};
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let (_g, base) = start_gateway(&redis, &http).await;
+    let day: u64 = 86_400_000;
+    let sequence = common::process::unix_ms() / day;
+    let identifier = format!("crowded-{}", std::process::id());
+    let writers = MAX_HOLDERS + EVICT_BATCH + 10;
+    for i in 0..writers {
+        let event = json!({"namespace": "api", "identifier": identifier, "duration": day,
+            "sequence": sequence, "used": 1, "limit": 1_000_000});
+        let body = json!({"instance": format!("invented-{i:05}"), "events": [event]});
+        let answer = post(&http, format!("{base}/v1/origin/replay"), body).await;
+        assert!(answer.get("error").is_none(), "writer {i}: {answer}");
+    }
+    let counted = common::process::read_count(&http, &base, "api", &identifier, day, sequence);
+    assert_eq!(
+        counted.await.unwrap(),
+        writers as u64,
+        "every replayed count counted"
+    );
+    let key = strata_core::WindowKeyRef::new(
+        "default",
+        "api",
+        &identifier,
+        strata_core::WindowDuration::from_ms(day).unwrap(),
+    )
+    .unwrap();
+    let cell = strata_gateway::origin::redis::cell_key(key, sequence);
+    let fields: usize = redis.cli(&["HLEN", &cell]).parse().unwrap();
+    assert!(
+        fields <= MAX_HOLDERS + 8,
+        "{fields} fields for {writers} writers"
+    );
+}

@@ -32,6 +32,9 @@
 
 mod expect;
 mod markdown;
+#[path = "../common/port.rs"]
+#[allow(dead_code, unreachable_pub)] // the README's lock; its ports are the README's own
+mod port;
 mod shell;
 
 use std::collections::HashMap;
@@ -308,15 +311,11 @@ fn ready(
             expect::short(&body)
         ));
     }
-    if server.data_dir.is_none() || data_dir.is_empty() {
+    // The data directory as the shell expanded it (none without SQLite).
+    if data_dir.is_empty() {
         return Ok(());
     }
-    let dir = Path::new(data_dir);
-    let dir = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        shell_cwd(shell).join(dir)
-    };
+    let dir = shell.cwd.join(data_dir);
     let has_file = || {
         std::fs::read_dir(&dir)
             .into_iter()
@@ -332,37 +331,6 @@ fn ready(
         ));
     }
     Ok(())
-}
-
-/// The scratch working directory: the examples' directory's grandparent holds `reader/`.
-fn shell_cwd(shell: &Shell) -> PathBuf {
-    shell
-        .dir
-        .parent()
-        .and_then(Path::parent)
-        .map(|w| w.join("reader"))
-        .unwrap_or_default()
-}
-
-/// Ports and directories every run on this machine uses: one run at a time.
-fn machine_lock() -> std::fs::File {
-    // The same lock as the edge's and Envoy's README examples (wasm-tests/tests/it/readme_wasm.rs).
-    let path = Path::new("/tmp/strata-readme-examples.lock");
-    let file = std::fs::File::create(path).expect("lock file");
-    let mut locked = false;
-    shell::poll(Duration::from_secs(900), || {
-        #[allow(clippy::incompatible_msrv)]
-        // tests build with the pinned 1.95; File::try_lock is 1.89
-        let held = file.try_lock().is_ok();
-        locked = held;
-        locked
-    });
-    assert!(
-        locked,
-        "another run holds {} (the README's ports and /tmp paths are machine-wide) for over 900s",
-        path.display()
-    );
-    file
 }
 
 #[test]
@@ -392,7 +360,7 @@ fn the_run_sections_examples_work_as_written() {
         ready: setting("README_EXAMPLES_READY_TIMEOUT", 30),
     };
 
-    let _lock = machine_lock();
+    let _lock = port::readme_lock();
     let work = std::env::temp_dir().join(format!("strata-readme-run-{}", std::process::id()));
     let reader = work.join("reader");
     let tmp = work.join("tmp");

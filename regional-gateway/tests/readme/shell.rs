@@ -40,7 +40,10 @@ pub(crate) struct Shell {
     stdin: ChildStdin,
     events: Receiver<String>,
     pub(crate) pgid: u32,
+    /// Where the block's output files go.
     pub(crate) dir: PathBuf,
+    /// The working directory the block's commands run in.
+    pub(crate) cwd: PathBuf,
 }
 
 /// The reader's shell: output to the block's log, the runner's channel on fd 4 (closed for the
@@ -120,6 +123,7 @@ impl Shell {
             events,
             pgid,
             dir: dir.to_path_buf(),
+            cwd: cwd.to_path_buf(),
         })
     }
 
@@ -161,7 +165,6 @@ impl Shell {
 
     /// Waits for the shell to exit once its last command is done (its gateways keep running).
     pub(crate) fn finish(mut self) -> Result<u32, String> {
-        let _ = self.stdin.write_all(b"go\n");
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             match self.child.try_wait() {

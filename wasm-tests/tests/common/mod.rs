@@ -33,6 +33,8 @@ pub mod upstream;
 pub mod workerd;
 
 pub use port::free_port;
+#[allow(unused_imports)] // the README tests' alone
+pub use port::readme_lock;
 
 /// The repository root.
 pub fn root() -> PathBuf {

@@ -143,9 +143,7 @@ fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], 
     );
 
     // The ports are the README's: the README examples' lock keeps runs apart.
-    let lock = std::fs::File::create("/tmp/strata-readme-examples.lock").unwrap();
-    #[allow(clippy::incompatible_msrv)] // tests build with the pinned 1.95; File::lock is 1.89
-    let _held = lock.lock(); // an advisory lock, released when `lock` closes
+    let _held = common::readme_lock();
     for block in server_blocks {
         for port in ports.iter().copied().chain([8080]) {
             assert!(

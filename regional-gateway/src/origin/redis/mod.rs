@@ -560,9 +560,7 @@ return {ok, cur, prev, num(1, 'o:' .. inst), lease, rc, pw, lease_id, before, le
 /// The decide script with the core's lease constants written in, so the port cannot drift
 /// from [`strata_core::lease::grant`] by a number (a name left unreplaced is a Lua error).
 fn decide_lua() -> String {
-    format!("{LEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{DECIDE_LUA}")
-        .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
-        .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
+    with_ledger_bounds(format!("{LEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{DECIDE_LUA}"))
         .replace(
             "SMALL_LEASE_DIVISOR",
             &strata_core::lease::SMALL_LEASE_DIVISOR.to_string(),
@@ -580,8 +578,14 @@ fn decide_lua() -> String {
 /// The replay script, its cells' keys found as `keys` says, with the core's bound on a
 /// cell's writers written in.
 fn replay_lua(keys: &str) -> String {
-    format!("{LEASE_LUA}{RELEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}")
-        .replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
+    with_ledger_bounds(format!(
+        "{LEASE_LUA}{RELEASE_LUA}{COUNTED_LUA}{WRITERS_LUA}{keys}{REPLAY_LUA}"
+    ))
+}
+
+/// A script with the core's bound on a cell's writers, and its eviction batch, written in.
+fn with_ledger_bounds(lua: String) -> String {
+    lua.replace("MAX_HOLDERS", &strata_core::ledger::MAX_HOLDERS.to_string())
         .replace("EVICT_BATCH", &strata_core::ledger::EVICT_BATCH.to_string())
 }
 

@@ -16,6 +16,7 @@ use crate::cell::WindowState;
 use crate::decision::Counts;
 use crate::gcounter::PublishPolicy;
 use crate::identity::WindowKey;
+use crate::policy::AHEAD_LIMIT_PER_COST;
 use crate::slab::unacked;
 use crate::table::CounterTable;
 use crate::window::WindowDuration;
@@ -260,6 +261,21 @@ impl WindowState {
                 .is_none_or(|p| cell.counts().regional < p.threshold(self.limit()))
     }
 
+    /// Whether the current cell's own cost is a pass ahead of the origin that may wait: the
+    /// origin answered the cell before (a cold cell's first pass goes at once, so the key's
+    /// next request passes ahead on its answer), no lease lifetime runs (a lease's end is
+    /// [`is_covered`](Self::is_covered)'s), what waits is within what may pass ahead (1/64 of
+    /// the limit, [`AHEAD_LIMIT_PER_COST`]), and the count stays within half the limit with no
+    /// recent denial. A request on the key meanwhile (a key in demand) waits for a decision,
+    /// which carries the pass and lends the lease; with none, the pass goes on its turn.
+    fn waits_ahead(&self, duration: WindowDuration, now_ms: u64) -> bool {
+        let cell = self.current();
+        cell.is_warm()
+            && !cell.is_fresh(now_ms)
+            && cell.unacked().saturating_mul(AHEAD_LIMIT_PER_COST) <= self.limit()
+            && self.lease_is_far(duration, now_ms)
+    }
+
     /// Whether all of the current cell's own cost lies under a live lease not within the
     /// pace's margin of its end ([`is_quiet`](Self::is_quiet)'s first half).
     fn is_covered(&self, duration: WindowDuration, now_ms: u64, pace: &QuietPace) -> bool {
@@ -273,24 +289,29 @@ impl WindowState {
     }
 
     /// One pass in how many the current cell's cost goes under `pace` (0: none; `None`: on
-    /// every pass). A quiet cell goes on its turn ([`QuietPace::passes`]). A covered cell
-    /// whose count the other regions read already (the origin's count of it, its waiting
-    /// cost left out, reached the publish threshold, or another region published it) goes
-    /// once per [`QuietPace::publish_passes`]: the region publishes only once a flush
-    /// interval, so a replay every pass brought it to the others no sooner than the flush.
-    /// A cell whose waiting cost would make it publishable goes at once (its first flush is
-    /// an early one).
+    /// every pass). A quiet cell goes on its turn ([`QuietPace::passes`]); a pass ahead of the
+    /// origin on a key far from its limit and under no lease on its turn of
+    /// [`QuietPace::ahead_passes`]. Either goes once per
+    /// [`QuietPace::publish_passes`] if the other regions read its count already (the
+    /// origin's count of it, its waiting cost left out, reached the publish threshold, or
+    /// another region published it): the region publishes only once a flush interval, so a
+    /// replay every pass brought it to the others no sooner than the flush. A cell whose
+    /// waiting cost would make it publishable goes at once (its first flush is an early one).
     pub fn paced_every(
         &self,
         duration: WindowDuration,
         now_ms: u64,
         pace: &QuietPace,
     ) -> Option<u32> {
-        if !self.is_covered(duration, now_ms, pace) {
+        let every = if self.is_covered(duration, now_ms, pace) {
+            pace.passes
+        } else if self.waits_ahead(duration, now_ms) {
+            pace.ahead_passes
+        } else {
             return None;
-        }
+        };
         if self.is_unread(pace) {
-            return Some(pace.passes);
+            return Some(every);
         }
         let cell = self.current();
         let known = cell.counts().regional.saturating_sub(cell.unacked());
@@ -330,6 +351,11 @@ pub struct QuietPace {
     /// A covered cell the other regions read already goes on one pass in this many (the
     /// region's flush interval in passes; 1: every pass).
     pub publish_passes: u32,
+    /// A pass ahead of the origin on a key far from its limit, under no lease, goes on one
+    /// pass in this many ([`QUIET_REPLAY_MS`] in passes, whether or not another region is
+    /// live: no lease end brings it). A key in steady use sends its next request to the
+    /// origin meanwhile, which lends it a lease, rather than a replay per request.
+    pub ahead_passes: u32,
 }
 
 /// The last quarter of a lease of `lease_ms`, in which a lease in use is renewed (1.25 s of
@@ -369,6 +395,7 @@ impl QuietPace {
             margin_ms: renewal_window(lease_ms).saturating_add(interval_ms),
             interval_ms,
             publish_passes: passes_in(flush_ms),
+            ahead_passes: passes_in(QUIET_REPLAY_MS),
         }
     }
 

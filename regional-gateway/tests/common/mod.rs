@@ -27,6 +27,7 @@ pub mod mariadb;
 mod port;
 pub mod process;
 pub mod redis;
+pub mod rls;
 pub mod slow;
 
 pub use port::free_port;

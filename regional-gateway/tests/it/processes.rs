@@ -263,15 +263,45 @@ async fn conformance_limit(
         .ok_or(format!("no decision: {body}"))
 }
 
-/// The conformance table's rows with the origin up, through a gateway process: a burst on a
-/// cold key makes one Redis decision, and what the gateway admitted from memory while its
-/// Redis was down reaches Redis once it is back, with no request to carry it.
+/// A descriptor configuration of the conformance table's limits in a file of its own, for a
+/// gateway process's `--rls-config` (removed when dropped).
+struct RlsConfigFile(std::path::PathBuf);
+
+impl RlsConfigFile {
+    fn new(name: &str) -> Self {
+        use common::conformance::{BURST_LIMIT, LIMIT};
+        let path = std::env::temp_dir().join(format!("strata-{name}-{}.yaml", std::process::id()));
+        std::fs::write(&path, common::rls::conformance_config(LIMIT, BURST_LIMIT)).unwrap();
+        Self(path)
+    }
+
+    /// A gateway process started with `args` and its rate-limit service on this
+    /// configuration, and the service's address.
+    fn gateway(&self, args: &[&str]) -> (GatewayProcess, String) {
+        let listen = format!("127.0.0.1:{}", common::free_port());
+        let path = self.0.to_str().unwrap();
+        let rls = ["--rls-listen", listen.as_str(), "--rls-config", path];
+        (GatewayProcess::start(&[args, &rls].concat()), listen)
+    }
+}
+
+impl Drop for RlsConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The conformance table's rows with the origin up, through a gateway process's HTTP API and
+/// its rate-limit service: a burst on a cold key makes one Redis decision, a pass ahead
+/// reaches Redis by the replay, and what the gateway admitted from memory while its Redis was
+/// down reaches Redis once it is back, with no request to carry it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_after() {
     let http = reqwest::Client::new();
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", "250ms"]);
+    let config = RlsConfigFile::new("conformance-up");
+    let (mut g, rls_listen) = config.gateway(&["--redis-url", &url, "--origin-timeout", "250ms"]);
     g.ready(&http).await;
     let base = g.base.clone();
     let send = |limit: u64| {
@@ -293,6 +323,33 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     };
     let once = send(common::conformance::BURST_LIMIT);
     common::conformance::replayed_not_decided(runtime, &far, once, calls, count).await;
+
+    // The same rows through the rate-limit service: its descriptor `far=<value>` is the key.
+    let rls = common::rls::RlsClient::new(&rls_listen);
+    let send_far = |rls: common::rls::RlsClient| {
+        move |value: String| {
+            let rls = rls.clone();
+            async move { rls.admits("far", &value).await }
+        }
+    };
+    let runtime = "RLS, Redis up";
+    let burst = send_far(rls.clone());
+    common::conformance::one_call(runtime, &format!("rls-burst-{tag}"), burst, calls).await;
+    let value = format!("rls-far-{tag}");
+    let identifier = format!("far={value}");
+    let count = || async {
+        let read = common::process::read_count(
+            &http,
+            &base,
+            common::rls::DOMAIN,
+            &identifier,
+            86_400_000,
+            today,
+        );
+        read.await.unwrap_or(0)
+    };
+    let once = send_far(rls);
+    common::conformance::replayed_not_decided(runtime, &value, once, calls, count).await;
 
     redis.stop();
     let key = format!("outage-{tag}");
@@ -423,11 +480,13 @@ async fn the_replay_backs_off_while_redis_is_away() {
 
 /// The failure-mode table (`common::conformance`) through gateway processes whose Redis is a
 /// port nothing listens on, or one that never answers: each mode as named, no answer slower
-/// than the origin timeout and a little.
+/// than the origin timeout and a little, through the HTTP API and through Envoy's rate-limit
+/// service (gRPC) of the same process, with the same expected figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
     let http = reqwest::Client::new();
     let (outages, held) = common::conformance::outages().await;
+    let config = RlsConfigFile::new("conformance-down");
     for ((outage, port), (mode, admitted)) in outages
         .iter()
         .flat_map(|o| common::conformance::TABLE.map(|row| (*o, row)))
@@ -438,7 +497,7 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             }
             _ => format!("redis://127.0.0.1:{port}"),
         };
-        let g = GatewayProcess::start(&[
+        let (g, rls_listen) = config.gateway(&[
             "--redis-url",
             &url,
             "--failure-mode",
@@ -494,6 +553,19 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             mode != "deny",
             "{mode}: decided ahead ({ahead})"
         );
+        // The same rows through the rate-limit service, on keys of their own.
+        let rls = common::rls::RlsClient::new(&rls_listen);
+        let (far_rls, send_rls) = (rls.clone(), rls);
+        let far = move |key: String| {
+            let rls = far_rls.clone();
+            async move { rls.admits("far", &format!("rls-{key}")).await }
+        };
+        let send = move |key: String| {
+            let rls = send_rls.clone();
+            async move { rls.admits("conf", &format!("rls-{key}")).await }
+        };
+        let runtime = format!("RLS, Redis {outage:?}");
+        common::conformance::check(&runtime, mode, 250, send, far).await;
     }
     held.abort();
 }

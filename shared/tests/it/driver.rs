@@ -779,3 +779,91 @@ fn a_region_alone_holds_a_covered_cell_until_its_lease_nears_its_end() {
     let (published, _) = paced_use(Some(ReplayPace::new(false, alone, 0)));
     assert!(published.len() >= 10, "over the floor: {published:?}");
 }
+
+/// Requests on user "a" (limit 1,000,000) at `T0 + at` for each of `times`, every decision
+/// answered with a lease of 40 for 5 s and every replay answer stating a region alone; the
+/// shell wakes at the driver's deadlines until 2 s after the last request. Returns the
+/// driver's stats and, per replay call, when it went and the passes it carried that the
+/// gateway had not acknowledged.
+fn far_key_use(times: &[u64]) -> (strata_core::driver::DriverStats, Vec<(u64, u64)>) {
+    let (mut d, mut store) = driver(FailureMode::Local, 1_000_000);
+    let mut replays = Vec::new();
+    let mut pending = times.iter().map(|&at| T0 + at).peekable();
+    let end = T0 + times.last().copied().unwrap_or(0) + 2_000;
+    let mut now = T0;
+    while now <= end {
+        while pending.next_if(|&at| at == now).is_some() {
+            d.request(&mut store, now, &user("a"), now).unwrap();
+        }
+        d.timeout(&mut store, now);
+        for t in transmits(&mut d) {
+            if t.path == DECIDE_PATH {
+                grant(&mut d, &mut store, &t, 40, now);
+                continue;
+            }
+            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
+            let carried = request.events.iter().map(|e| e.used - e.acked).sum();
+            replays.push((now - T0, carried));
+            let mut answer: CellsResponse = serde_json::from_str(&replayed(&t)).unwrap();
+            answer.pace = Some(ReplayPace::new(true, PublishPolicy::default(), 0));
+            let body = serde_json::to_string(&answer).unwrap();
+            d.answer(&mut store, t.call, 200, body.as_bytes(), now);
+        }
+        std::iter::from_fn(|| d.poll_decision()).for_each(drop);
+        let Some(at) = [d.poll_timeout(), pending.peek().copied()]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
+            break;
+        };
+        now = at.max(now + 1);
+    }
+    (d.stats(), replays)
+}
+
+/// A key far from its limit with no lease, between sparse requests (one every 2 s): each
+/// passes ahead, and its replay waits for the key's turn, within a second and a pass, rather
+/// than going on the next pass (a key in steady use would send its next request to the
+/// gateway meanwhile, and take a lease).
+#[test]
+fn a_pass_ahead_on_a_far_key_waits_up_to_a_second_for_its_replay() {
+    let times: Vec<u64> = (0..6).map(|i| i * 2_000).collect();
+    let (stats, replays) = far_key_use(&times);
+    assert_eq!((stats.decided_ahead, stats.origin_calls), (6, 0));
+    assert_eq!(replays.len(), 6, "one replay a pass ahead: {replays:?}");
+    assert!(
+        replays.iter().all(|&(_, carried)| carried == 1),
+        "{replays:?}"
+    );
+    let delays: Vec<u64> = replays.iter().zip(&times).map(|(r, t)| r.0 - t).collect();
+    // The first, on a cold cell, goes on the next pass: its answer lets the next pass ahead.
+    assert!(delays[0] <= INTERVAL, "{delays:?}");
+    assert!(
+        delays.iter().all(|&d| d <= 1_000 + INTERVAL),
+        "within a second and a pass: {delays:?}"
+    );
+    assert!(
+        delays[1..].iter().any(|&d| d > INTERVAL),
+        "held past the next pass: {delays:?}"
+    );
+}
+
+/// The same key in steady use (10 requests a second for 3 s): the request after a pass
+/// ahead, its replay held, asks the gateway, which lends a lease; the lease covers the rest,
+/// and alone its cost waits for the lease's end: two replays in all, not one per pass.
+#[test]
+fn a_far_key_in_steady_use_takes_a_lease_instead_of_a_replay_per_request() {
+    let times: Vec<u64> = (0..30).map(|i| i * 100).collect();
+    let (stats, replays) = far_key_use(&times);
+    assert_eq!(stats.origin_calls, 1, "one decision: {stats:?}");
+    assert_eq!(stats.decided_ahead, 2, "{stats:?}");
+    assert_eq!(stats.ok, 30);
+    assert!(replays.len() <= 3, "{replays:?}");
+    let carried: u64 = replays.iter().map(|r| r.1).sum();
+    assert_eq!(
+        carried,
+        30 - 1,
+        "every pass but the decided one's replayed once: {replays:?}"
+    );
+}

@@ -10,12 +10,16 @@ use tonic::transport::Channel;
 /// The domain [`conformance_config`] serves.
 pub const DOMAIN: &str = "conformance";
 
-/// A descriptor configuration for the conformance table: entries of key `conf` limited to
-/// `limit` a day, of key `far` to `far` a day (the HTTP rows' one-day windows).
-pub fn conformance_config(limit: u64, far: u64) -> String {
-    format!(
-        "domain: {DOMAIN}\ndescriptors:\n  - key: conf\n    rate_limit: {{unit: day, requests_per_unit: {limit}}}\n  - key: far\n    rate_limit: {{unit: day, requests_per_unit: {far}}}\n"
-    )
+/// A descriptor configuration for the conformance table: each `(key, limit)` an entry key
+/// limited to `limit` a day (the HTTP rows' one-day windows).
+pub fn conformance_config(limits: &[(&str, u64)]) -> String {
+    let mut yaml = format!("domain: {DOMAIN}\ndescriptors:\n");
+    for (key, limit) in limits {
+        yaml.push_str(&format!(
+            "  - key: {key}\n    rate_limit: {{unit: day, requests_per_unit: {limit}}}\n"
+        ));
+    }
+    yaml
 }
 
 /// A client of one rate-limit service.

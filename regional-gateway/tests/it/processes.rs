@@ -264,14 +264,16 @@ async fn conformance_limit(
 }
 
 /// A descriptor configuration of the conformance table's limits in a file of its own, for a
-/// gateway process's `--rls-config` (removed when dropped).
+/// gateway process's `--rls-config` (removed when dropped): entry keys `conf`, `far` and
+/// `late` limited to `LIMIT`, `BURST_LIMIT` and `LATE_LIMIT` a day.
 struct RlsConfigFile(std::path::PathBuf);
 
 impl RlsConfigFile {
     fn new(name: &str) -> Self {
-        use common::conformance::{BURST_LIMIT, LIMIT};
+        use common::conformance::{BURST_LIMIT, LATE_LIMIT, LIMIT};
         let path = std::env::temp_dir().join(format!("strata-{name}-{}.yaml", std::process::id()));
-        std::fs::write(&path, common::rls::conformance_config(LIMIT, BURST_LIMIT)).unwrap();
+        let limits = [("conf", LIMIT), ("far", BURST_LIMIT), ("late", LATE_LIMIT)];
+        std::fs::write(&path, common::rls::conformance_config(&limits)).unwrap();
         Self(path)
     }
 
@@ -352,20 +354,29 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     common::conformance::replayed_not_decided(runtime, &value, once, calls, count).await;
 
     redis.stop();
-    let key = format!("outage-{tag}");
+    let (key, value) = (format!("outage-{tag}"), format!("rls-outage-{tag}"));
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let day = u64::try_from(since.unwrap().as_millis()).unwrap() / 86_400_000;
-    let mut admitted = 0;
+    let (mut admitted, mut admitted_rls) = (0, 0);
     let send = send(common::conformance::LIMIT);
+    let rls = common::rls::RlsClient::new(&rls_listen);
     for _ in 0..common::conformance::REQUESTS {
         admitted += u64::from(send(key.clone()).await.unwrap());
+        admitted_rls += u64::from(rls.admits("conf", &value).await.unwrap());
     }
     redis.restart();
-    let count = || async {
-        let read = common::process::read_count(&http, &base, "conformance", &key, 86_400_000, day);
-        read.await.unwrap_or(0) // the breaker may still be open
+    let count = |identifier: String, namespace: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let read =
+                common::process::read_count(&http, &base, namespace, &identifier, 86_400_000, day);
+            read.await.unwrap_or(0) // the breaker may still be open
+        }
     };
-    common::conformance::replayed_after_outage("gateway, Redis", admitted, count).await;
+    let http_count = || count(key.clone(), "conformance");
+    common::conformance::replayed_after_outage("gateway, Redis", admitted, http_count).await;
+    let rls_count = || count(format!("conf={value}"), common::rls::DOMAIN);
+    common::conformance::replayed_after_outage("RLS, Redis", admitted_rls, rls_count).await;
 }
 
 /// The conformance table's late-answer row through a gateway process whose Redis answers
@@ -380,7 +391,8 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
     let slow = common::slow::SlowProxy::start(redis.port, LATE_DELAY).await;
     let url = format!("redis://127.0.0.1:{}", slow.port);
     let timeout = format!("{LATE_TIMEOUT_MS}ms");
-    let mut g = GatewayProcess::start(&["--redis-url", &url, "--origin-timeout", &timeout]);
+    let config = RlsConfigFile::new("conformance-late");
+    let (mut g, rls_listen) = config.gateway(&["--redis-url", &url, "--origin-timeout", &timeout]);
     g.ready(&http).await;
     let base = g.base.clone();
     let send = {
@@ -413,6 +425,14 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
     let key = format!("late-{}", std::process::id());
     let calls = || common::process::decide_calls(&http, &base);
     common::conformance::late_answers("gateway", &key, send, calls).await;
+    // The same row through the rate-limit service.
+    let rls = common::rls::RlsClient::new(&rls_listen);
+    let send = move |value: String| {
+        let rls = rls.clone();
+        async move { rls.admits("late", &value).await }
+    };
+    let key = format!("rls-late-{}", std::process::id());
+    common::conformance::late_answers("RLS", &key, send, calls).await;
 }
 
 /// The gateway's replay backs off while its Redis is away, by the core's rule the Wasm shells

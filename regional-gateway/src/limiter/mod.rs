@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use strata_core::driver::{DecidedBy, Dispatch, FlowConfig, Outgoing, Settled};
+use strata_core::driver::{DecidedBy, Dispatch, FlowConfig, Outgoing};
 use strata_core::replay::{QuietPace, ReplayEvent};
 use strata_core::request::OriginCall;
 use strata_core::table::LimitRequest;
@@ -171,49 +171,47 @@ impl Limiter {
     /// lease covers its limit, otherwise all of them in one origin decision. Answered within
     /// the origin timeout of its arrival, however many calls it waits on.
     pub async fn decide_all(self: &Arc<Self>, limits: &[LimitRequest<'_>]) -> MultiDecision {
-        let mut deadline = self.clock.now_ms().saturating_add(self.flows.timeout_ms());
+        let now = self.clock.now_ms();
+        let deadline = now.saturating_add(self.flows.timeout_ms());
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let shard = self.flows.shard_of(limits);
-        let (decision, by) = loop {
-            let now = self.clock.now_ms();
-            let (begun, dispatches) = {
-                let mut flow = self.flows.lock(shard);
-                let tables = &mut self.tables();
-                match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
-                    Some(decided) => (Ok(decided), flow.drain()),
-                    None => {
-                        // Registered under the flow's lock: its wake-up cannot be missed.
-                        let (wake, woken) = oneshot::channel();
-                        flow.waiting.insert(id, wake);
-                        (Err(woken), flow.drain())
-                    }
+        let (begun, dispatches) = {
+            let mut flow = self.flows.lock(shard);
+            let tables = &mut self.tables();
+            match flow.flow.begin(tables, (id, 0), limits, deadline, now) {
+                Some(decided) => (Ok(decided), flow.drain()),
+                None => {
+                    // Registered under the flow's lock: its wake-up cannot be missed.
+                    let (wake, woken) = oneshot::channel();
+                    flow.waiting.insert(id, wake);
+                    (Err(woken), flow.drain())
                 }
-            };
-            // The call it waits on (nothing awaits between here and the waiter's guard, so a
-            // dropped request cannot slip between them).
-            for d in dispatches {
-                self.dispatch(shard, d);
             }
-            let woken = match begun {
-                Ok(decided) => break decided,
-                Err(woken) => woken,
-            };
-            let mut waiter = Waiter {
-                limiter: self,
-                shard,
-                id,
-                done: false,
-            };
-            // Every call in flight is answered, fails or times out (its task's bound), and
-            // every group waiting on it settles then: the sender is never dropped unused but
-            // by a bug, answered then as a failed call would be.
-            let settled = woken.await;
-            waiter.done = true;
-            match settled.map(|done| done.settled) {
-                Ok(Settled::Decided(decision, by)) => break (decision, by),
-                // The call it joined settled without deciding it: again, by its deadline.
-                Ok(Settled::Again { deadline: by }) => deadline = by,
-                Err(_) => return self.fail_unsettled(limits),
+        };
+        // The call it waits on (nothing awaits between here and the waiter's guard, so a
+        // dropped request cannot slip between them).
+        for d in dispatches {
+            self.dispatch(shard, d);
+        }
+        let (decision, by) = match begun {
+            Ok(decided) => decided,
+            Err(woken) => {
+                let mut waiter = Waiter {
+                    limiter: self,
+                    shard,
+                    id,
+                    done: false,
+                };
+                // Every call in flight is answered, fails or times out (its task's bound), and
+                // the flow decides every group waiting on it then (one that joined another's
+                // call begins again in the flow): the sender is never dropped unused but by a
+                // bug, answered then as a failed call would be.
+                let settled = woken.await;
+                waiter.done = true;
+                match settled {
+                    Ok(done) => (done.decision, done.by),
+                    Err(_) => return self.fail_unsettled(limits),
+                }
             }
         };
         let by = source(by);

@@ -16,6 +16,7 @@ use foldhash::quality::FixedState;
 
 use super::store::{Home, Store};
 use crate::decision::MultiDecision;
+use crate::identity::WindowKey;
 use crate::limit::LimitRequest;
 use crate::policy::Reason;
 use crate::replay::{QuietPace, ReplayBatch};
@@ -103,27 +104,33 @@ impl DecidedBy {
     }
 }
 
-/// A group that waited, settled.
+/// A group that waited, decided: its limits' decisions, all or nothing, and which path
+/// decided them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupDone {
     /// Which group.
     pub group: GroupId,
-    /// How.
-    pub settled: Settled,
+    /// Its decisions.
+    pub decision: MultiDecision,
+    /// Which path decided it.
+    pub by: DecidedBy,
 }
 
-/// How a waiting group settled.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Settled {
-    /// Decided: its limits' decisions, all or nothing, and which path decided them.
-    Decided(MultiDecision, DecidedBy),
-    /// The call it joined settled: the shell begins it again ([`Flow::begin`]), by `deadline`
-    /// (the answer usually brought a lease that decides it from memory). The flow holds no
-    /// copy of a group's limits: the shell has them.
-    Again {
-        /// Its deadline: its own, or the call's it joined if sooner.
-        deadline: u64,
-    },
+/// A group waiting for a call: its deadline, and the limits of one that joined another's
+/// call, to begin it again when that call settles (empty for the group that made the call,
+/// which its answer decides).
+#[derive(Debug)]
+struct Waiting {
+    deadline: u64,
+    again: Vec<OwnedLimit>,
+}
+
+/// A limit a waiting group holds past the request that named it.
+#[derive(Debug)]
+struct OwnedLimit {
+    key: WindowKey,
+    limit: u64,
+    cost: u64,
 }
 
 /// A line for the shell's log.
@@ -243,8 +250,8 @@ impl Quiet {
 #[derive(Debug)]
 pub struct Flow {
     config: FlowConfig,
-    /// Groups waiting for a call, with their deadline.
-    waiting: BTreeMap<GroupId, u64>,
+    /// Groups waiting for a call.
+    waiting: BTreeMap<GroupId, Waiting>,
     calls: BTreeMap<u64, Call>,
     /// Decision calls in flight by the hash of each of their window keys.
     in_flight: BTreeMap<u64, u64>,
@@ -318,11 +325,21 @@ impl Flow {
                 ..
             }) = self.calls.get_mut(&call_id)
         {
-            // A group that joins a call is answered by that call's deadline, at the latest.
+            // A group that joins a call is answered by that call's deadline, at the latest,
+            // and begins again when it settles (the answer usually brought a lease that
+            // decides it from memory).
             waiters.push((group, false));
             let deadline = deadline.min(*call_deadline);
             self.stats.coalesced += 1;
-            self.waiting.insert(group, deadline);
+            let again = limits
+                .iter()
+                .map(|l| OwnedLimit {
+                    key: l.key.to_owned_key(),
+                    limit: l.limit,
+                    cost: l.cost,
+                })
+                .collect();
+            self.waiting.insert(group, Waiting { deadline, again });
             return None;
         }
         let (begun, home) = match store.begin(limits, now_ms) {
@@ -359,7 +376,8 @@ impl Flow {
             return Some((decided, DecidedBy::Fallback));
         }
         self.send_decide(call, home, deadline, alloc::vec![(group, true)], now_ms);
-        self.waiting.insert(group, deadline);
+        let again = Vec::new();
+        self.waiting.insert(group, Waiting { deadline, again });
         None
     }
 
@@ -547,15 +565,37 @@ impl Flow {
         };
         self.want_replay(store, home, now_ms);
         for (group, made) in waiters {
-            let Some(deadline) = self.waiting.remove(&group) else {
+            let Some(waiting) = self.waiting.remove(&group) else {
                 continue; // cancelled
             };
-            let settled = if made {
-                Settled::Decided(decided.clone(), by)
-            } else {
-                Settled::Again { deadline }
-            };
-            self.done.push_back(GroupDone { group, settled });
+            if made {
+                let decision = decided.clone();
+                self.done.push_back(GroupDone {
+                    group,
+                    decision,
+                    by,
+                });
+                continue;
+            }
+            // It joined: it begins again by its deadline, now that the call is out of flight.
+            let limits: Vec<LimitRequest<'_>> = waiting
+                .again
+                .iter()
+                .map(|l| LimitRequest {
+                    key: l.key.as_ref(),
+                    limit: l.limit,
+                    cost: l.cost,
+                })
+                .collect();
+            if let Some((decision, by)) =
+                self.begin(store, group, &limits, waiting.deadline, now_ms)
+            {
+                self.done.push_back(GroupDone {
+                    group,
+                    decision,
+                    by,
+                });
+            }
         }
     }
 

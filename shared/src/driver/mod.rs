@@ -45,7 +45,7 @@ use alloc::vec::Vec;
 
 pub use flow::{
     CallKind, DecidedBy, Dispatch, Flow, FlowConfig, FlowStats, GroupDone, GroupId, LOG_EVERY_MS,
-    Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Quiet, Settled, replay_backoff,
+    Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Quiet, replay_backoff,
 };
 pub use store::{Home, Store, TableStore, refused};
 
@@ -361,8 +361,7 @@ impl Driver {
     }
 
     /// Moves what the flow put out to the shell's queues: its calls as JSON (one that cannot
-    /// be written fails at once), its decided groups into their requests (a group whose call
-    /// settled without deciding it begins again), its log lines.
+    /// be written fails at once), its decided groups into their requests, its log lines.
     fn collect<S: Store>(&mut self, store: &mut S, now_ms: u64) {
         loop {
             while let Some(d) = self.flow.poll_dispatch() {
@@ -384,25 +383,7 @@ impl Driver {
             let Some(request) = self.requests.get_mut(&id) else {
                 continue; // cancelled
             };
-            let decided = match done.settled {
-                Settled::Decided(decision, by) => Some((decision, by)),
-                Settled::Again { deadline } => {
-                    match self.gate.group_limits(&request.subjects, g == SHADOW) {
-                        Ok(limits) => self.flow.begin(store, (id, g), &limits, deadline, now_ms),
-                        // Checked when the request came: never, but never left waiting.
-                        Err(_) => Some((
-                            MultiDecision {
-                                success: false,
-                                decisions: Vec::new(),
-                            },
-                            DecidedBy::Local,
-                        )),
-                    }
-                }
-            };
-            if let Some((decision, by)) = decided {
-                request.decide(g, decision, by);
-            }
+            request.decide(g, done.decision, done.by);
             if request.is_done()
                 && let Some(request) = self.requests.remove(&id)
             {

@@ -867,3 +867,38 @@ fn a_far_key_in_steady_use_takes_a_lease_instead_of_a_replay_per_request() {
         "every pass but the decided one's replayed once: {replays:?}"
     );
 }
+
+/// Requests that joined a call are begun again by the flow when it settles, with no event
+/// from the shell: one the answer's lease covers is decided from memory, and one it does not
+/// cover makes the next call itself.
+#[test]
+fn requests_that_joined_a_call_begin_again_when_it_settles() {
+    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
+    for id in 0..3 {
+        assert_eq!(
+            d.request(&mut store, id, &user("a"), T0).unwrap(),
+            Started::Waiting
+        );
+    }
+    let sent = transmits(&mut d);
+    assert_eq!(sent.len(), 1, "the two others joined the first's call");
+    // A lease of 1: the first joiner's pass; the second needs the gateway again.
+    grant(&mut d, &mut store, &sent[0], 1, T0 + 5);
+    let decided: Vec<_> = std::iter::from_fn(|| d.poll_decision())
+        .map(|x| (x.request, x.by))
+        .collect();
+    assert_eq!(decided, [(0, DecidedBy::Origin), (1, DecidedBy::Local)]);
+    let again = transmits(&mut d);
+    assert_eq!(again.len(), 1, "the second joiner's own call");
+    assert_eq!(again[0].path, DECIDE_PATH);
+    assert!(
+        again[0].timeout_ms <= TIMEOUT - 5,
+        "what is left of its time"
+    );
+    grant(&mut d, &mut store, &again[0], 0, T0 + 10);
+    let last: Vec<_> = std::iter::from_fn(|| d.poll_decision())
+        .map(|x| (x.request, x.by, x.reply.allowed))
+        .collect();
+    assert_eq!(last, [(2, DecidedBy::Origin, true)]);
+    assert_eq!(d.waiting(), 0);
+}

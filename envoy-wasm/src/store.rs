@@ -14,7 +14,7 @@
 
 use strata_core::cell::WindowState;
 use strata_core::decision::MultiDecision;
-use strata_core::driver::{Home, Store, refused};
+use strata_core::driver::{Home, Replays, Store, refused};
 use strata_core::identity::WindowKeyRef;
 use strata_core::origin::OriginAnswer;
 use strata_core::replay::{QuietPace, ReplayBatch, ReplayEvent, Take};
@@ -401,7 +401,9 @@ impl<H: Host> Store for Homes<'_, H> {
     fn homes(&self) -> u8 {
         if self.state.slots.is_some() { 2 } else { 1 }
     }
+}
 
+impl<H: Host> Replays for Homes<'_, H> {
     fn take_replay(
         &mut self,
         home: Home,

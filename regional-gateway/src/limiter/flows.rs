@@ -10,10 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 use foldhash::fast::RandomState;
 use strata_core::driver::{Dispatch, Flow, FlowConfig, GroupDone, Home, Store};
 use strata_core::origin::OriginAnswer;
-use strata_core::replay::{QuietPace, ReplayBatch};
 use strata_core::request::{self, Begin, OriginCall, States};
 use strata_core::table::{LimitRequest, TooManyLimits};
-use strata_core::wire::CellsResponse;
 use strata_core::{CounterTable, FailureMode, MultiDecision, WindowKeyRef, WindowState};
 use tokio::sync::oneshot;
 
@@ -110,7 +108,8 @@ impl Flows {
 }
 
 /// The gateway's tables as the flow's store: one home, which the gateway's own replay loop
-/// replays (paced by the region's view), so the flow replays none.
+/// replays (paced by the region's view), so the flow replays none (a [`Store`], not a
+/// [`Replays`](strata_core::driver::Replays)).
 pub(crate) struct Tables<'a> {
     pub(crate) local: &'a LocalTables,
     pub(crate) instance: &'a str,
@@ -159,22 +158,8 @@ impl Store for Tables<'_> {
         self.instance
     }
     fn homes(&self) -> u8 {
-        0
+        0 // the gateway's replay loop replays its tables, paced by the region's view
     }
-    fn take_replay(
-        &mut self,
-        _: Home,
-        _: usize,
-        _: u64,
-        _: Option<QuietPace>,
-        _: usize,
-    ) -> (ReplayBatch, Option<usize>) {
-        (ReplayBatch::default(), None) // no home is the flow's to replay
-    }
-    fn lease_ms(&self, _: Home) -> u64 {
-        0 // no home is the flow's to replay
-    }
-    fn ack_replay(&mut self, _: Home, _: &ReplayBatch, _: &CellsResponse, _: u64, _: u64) {}
 }
 
 impl Tables<'_> {

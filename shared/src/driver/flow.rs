@@ -14,7 +14,7 @@ use core::hash::BuildHasher;
 
 use foldhash::quality::FixedState;
 
-use super::store::{Home, Store};
+use super::store::{Home, Replays, Store};
 use crate::decision::MultiDecision;
 use crate::identity::WindowKey;
 use crate::limit::LimitRequest;
@@ -470,7 +470,7 @@ impl Flow {
 
     /// The shell's timer fired (or any time after [`poll_timeout`](Self::poll_timeout)):
     /// calls past their deadline fail, replay passes due are sent.
-    pub fn timeout<S: Store>(&mut self, store: &mut S, now_ms: u64) {
+    pub fn timeout<S: Replays>(&mut self, store: &mut S, now_ms: u64) {
         let expired: Vec<u64> = self
             .calls
             .iter()
@@ -621,7 +621,7 @@ impl Flow {
         }
     }
 
-    fn replay_due<S: Store>(&mut self, store: &mut S, now_ms: u64) {
+    fn replay_due<S: Replays>(&mut self, store: &mut S, now_ms: u64) {
         let interval = self.config.replay_interval_ms;
         for h in 0..store.homes() {
             let home = Home(h);
@@ -647,7 +647,7 @@ impl Flow {
     }
 
     /// Takes the next batch of a replay pass of `home` and sends it, or ends the pass.
-    fn send_replay<S: Store>(&mut self, store: &mut S, home: Home, from: usize, now_ms: u64) {
+    fn send_replay<S: Replays>(&mut self, store: &mut S, home: Home, from: usize, now_ms: u64) {
         let interval = self.config.replay_interval_ms;
         let lane = self.lane(home);
         let pace = lane
@@ -682,7 +682,7 @@ impl Flow {
         self.lane(home).in_flight = Some(id);
     }
 
-    fn pass_done<S: Store>(&mut self, store: &S, home: Home, now_ms: u64) {
+    fn pass_done<S: Replays>(&mut self, store: &S, home: Home, now_ms: u64) {
         let interval = self.config.replay_interval_ms;
         let periodic = store.periodic(home);
         let lane = self.lane(home);
@@ -693,7 +693,7 @@ impl Flow {
     }
 
     /// Replay batch `call` was taken: `answer.cells[i]` is its event `i`'s cell after it.
-    pub fn replayed<S: Store>(
+    pub fn replayed<S: Replays>(
         &mut self,
         store: &mut S,
         call: u64,

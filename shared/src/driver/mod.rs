@@ -47,7 +47,7 @@ pub use flow::{
     CallKind, DecidedBy, Dispatch, Flow, FlowConfig, FlowStats, GroupDone, GroupId, LOG_EVERY_MS,
     Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Quiet, replay_backoff,
 };
-pub use store::{Home, Store, TableStore, refused};
+pub use store::{Home, Replays, Store, TableStore, refused};
 
 use crate::decision::{Decision, MultiDecision};
 use crate::gate::{ENFORCED, Gate, Pending, Reply, SHADOW, Subject};
@@ -455,7 +455,7 @@ impl Driver {
 
     /// The gateway answered call `call` with `status` and `body`. Anything but a `200`
     /// whose body fits the call is a failure.
-    pub fn answer<S: Store>(
+    pub fn answer<S: Replays>(
         &mut self,
         store: &mut S,
         call: u64,
@@ -495,7 +495,7 @@ impl Driver {
 
     /// The shell's timer fired (or any time after [`poll_timeout`](Self::poll_timeout)):
     /// calls past their deadline fail, replay passes due are sent.
-    pub fn timeout<S: Store>(&mut self, store: &mut S, now_ms: u64) {
+    pub fn timeout<S: Replays>(&mut self, store: &mut S, now_ms: u64) {
         self.flow.timeout(store, now_ms);
         self.collect(store, now_ms);
     }

@@ -18,7 +18,8 @@ use crate::wire::CellsResponse;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Home(pub u8);
 
-/// The window keys' states, held where the shell holds them.
+/// The window keys' states, held where the shell holds them: the steps of a request's
+/// decision (the replay's are [`Replays`]).
 pub trait Store {
     /// Begins one group of a request's limits, on states the store chooses (and says where).
     fn begin(
@@ -40,11 +41,17 @@ pub trait Store {
     fn failure_mode(&self) -> FailureMode;
     /// The instance id calls for `home` are made under.
     fn instance(&self, home: Home) -> &str;
-    /// How many homes the flow replays (`Home(0)` to `Home(n - 1)`); none for a shell that
-    /// replays its states itself (the gateway, which paces its replay by the region's view).
+    /// How many homes the flow replays (`Home(0)` to `Home(n - 1)`, through [`Replays`]);
+    /// none for a shell that replays its states itself (the gateway, which paces its replay
+    /// by the region's view).
     fn homes(&self) -> u8 {
         1
     }
+}
+
+/// The replay side of a [`Store`]: what the flow's replay lanes take from each home and give
+/// back. A shell whose replay is not the flow's (the gateway) implements only [`Store`].
+pub trait Replays: Store {
     /// Up to `max` cells of `home` holding cost the gateway has not acknowledged, from
     /// position `from` of a pass, quiet ones held back as `pace` says (`None`: none held);
     /// where the pass goes on (`None`: done).
@@ -115,6 +122,9 @@ impl Store for TableStore {
     fn instance(&self, _: Home) -> &str {
         &self.instance
     }
+}
+
+impl Replays for TableStore {
     fn take_replay(
         &mut self,
         _: Home,

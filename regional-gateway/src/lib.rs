@@ -317,37 +317,27 @@ async fn changed(mut flag: watch::Receiver<bool>) {
     let _ = flag.wait_for(|&set| set).await;
 }
 
+/// The replay on the core's flow (`limiter::ReplayPump`): a pass when the flow says one is
+/// due (every interval; after a failed batch, the core's backoff: the interval doubling, at
+/// most 5 s, as in the Wasm shells), then, on shutdown, whatever is left, in full.
 async fn replay_loop(gateway: Arc<Gateway>, mut stopped: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(gateway.settings.replay_interval);
-    let interval_ms =
-        u64::try_from(gateway.settings.replay_interval.as_millis()).unwrap_or(u64::MAX);
-    let flush_ms = gateway.settings.flush_ms();
-    let mut pass: u32 = 0;
-    // After a failed pass the next waits the core's backoff (the interval, doubling, at most
-    // 5 s), as in the Wasm shells: an origin that is away is not sent every batch each tick.
-    let (mut failures, mut resume) = (0_u32, tokio::time::Instant::now());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let limiter = &gateway.limiter;
+    let interval = gateway.settings.replay_interval;
+    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    let mut pump = limiter::ReplayPump::new(limiter, interval_ms, gateway.settings.flush_ms());
     loop {
+        // The flow's times are the limiter's clock's; the wait is real time, at most an
+        // interval (a clock set by hand moves on its own schedule).
+        let now = limiter.clock.now_ms();
+        let wait = pump
+            .next_at()
+            .map_or(interval_ms, |at| at.saturating_sub(now))
+            .min(interval_ms);
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
             _ = stopped.changed() => break,
         }
-        if tokio::time::Instant::now() < resume {
-            continue;
-        }
-        pass = pass.wrapping_add(1);
-        if !gateway
-            .limiter
-            .replay_tick(pass, interval_ms, flush_ms)
-            .await
-            .unanswered
-        {
-            failures = 0;
-        } else {
-            failures = failures.saturating_add(1);
-            let wait = strata_core::driver::replay_backoff(interval_ms, failures);
-            resume = tokio::time::Instant::now() + Duration::from_millis(wait);
-        }
+        pump.pass(limiter).await;
     }
     let pending = gateway.limiter.unreplayed();
     while gateway.limiter.unreplayed() > 0 {

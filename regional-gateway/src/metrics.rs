@@ -296,7 +296,7 @@ impl Metrics {
         );
         r.register(
             "strata_replay_pass_seconds",
-            "Wall time of a replay pass: every waiting cell, in batches, requests served between two (near the replay interval, the replay falls behind)",
+            "Wall time of a replay pass that sent something: every waiting cell, in batches, requests served between two (near the replay interval, the replay falls behind)",
             self.replay_pass.clone(),
         );
         r.register(

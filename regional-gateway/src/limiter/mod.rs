@@ -7,9 +7,11 @@
 
 mod flows;
 mod janitor;
+mod replay;
 
 pub use flows::Flows;
 pub use janitor::{JANITOR_SCAN, ORIGIN_PURGE_STEP, Purged};
+pub use replay::{ReplayPass, ReplayPump};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,20 +38,6 @@ use flows::Tables;
 /// (measured at 10,000 keys), 128 cells hold it under half a millisecond, where the 1,000 of a
 /// wire batch held it 4 ms; at 10,000 keys a pass is still about ten round trips to Redis.
 pub const REPLAY_STEP: usize = 128;
-
-/// What one tick of the replay loop did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReplayTick {
-    /// Whether every batch was delivered.
-    pub delivered: bool,
-    /// Whether a batch got no answer at all (the origin away, not one cell it could not
-    /// merge): what the loop backs off after.
-    pub unanswered: bool,
-    /// Batches sent (an empty take sends none).
-    pub batches: usize,
-    /// Cells they carried.
-    pub cells: usize,
-}
 
 /// What became of a replay batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,8 +125,9 @@ impl Limiter {
         let timeout_ms = u64::try_from(origin.timeout().as_millis()).unwrap_or(u64::MAX);
         let config = FlowConfig {
             timeout_ms,
-            // The flow replays nothing of the gateway's (see `Tables::homes`).
+            // The request flows replay nothing (`Tables::homes`): the `ReplayPump`'s does.
             replay_interval_ms: 0,
+            replay_batch: REPLAY_STEP,
         };
         Arc::new(Self {
             local,
@@ -152,7 +141,7 @@ impl Limiter {
         })
     }
 
-    fn tables(&self) -> Tables<'_> {
+    pub(crate) fn tables(&self) -> Tables<'_> {
         Tables {
             local: &self.local,
             instance: &self.instance,
@@ -353,44 +342,6 @@ impl Limiter {
             .replay_batch(None, strata_core::wire::MAX_BATCH, ReplayCursor::default())
             .await;
         sent == Sent::All
-    }
-
-    /// One tick of the replay loop, the `pass`-th, `interval_ms` after the last: every cell
-    /// holding unacknowledged cost, a quiet one only on its turn ([`QuietPace::new`]), sent
-    /// in batches of [`REPLAY_STEP`] cells, each taken from where the last stopped, with a
-    /// yield to the requests between two. A failed batch ends the tick (its cells go with the
-    /// next). Its wall time goes to `strata_replay_pass_seconds`: under a load that fills the
-    /// workers, a pass stretches (every waiting request runs between two batches), and one
-    /// nearing the interval says the replay is falling behind.
-    pub async fn replay_tick(&self, pass: u32, interval_ms: u64, flush_ms: u64) -> ReplayTick {
-        let lease_ms = self.origin.lease_ms();
-        let pace = QuietPace::stated(pass, interval_ms, lease_ms, &self.replay_pace(flush_ms));
-        let started = std::time::Instant::now();
-        let mut tick = ReplayTick {
-            delivered: true,
-            unanswered: false,
-            batches: 0,
-            cells: 0,
-        };
-        let mut from = Some(ReplayCursor::default());
-        while let Some(cursor) = from {
-            if tick.batches > 0 {
-                tokio::task::yield_now().await;
-            }
-            let (sent, taken, next) = self.replay_batch(Some(pace), REPLAY_STEP, cursor).await;
-            if taken > 0 {
-                tick.batches += 1;
-                tick.cells += taken;
-            }
-            if sent != Sent::All {
-                tick.delivered = false;
-                tick.unanswered = sent == Sent::Unanswered;
-                break;
-            }
-            from = next;
-        }
-        self.metrics.replay_pass(started.elapsed().as_secs_f64());
-        tick
     }
 
     /// Takes up to `max` cells from where `from` points on and sends them to the origin.

@@ -45,7 +45,7 @@ on_every_origin! {
     a_warm_key_is_decided_locally_under_its_lease(&[]),
     a_lease_in_use_is_renewed_by_the_replay_not_by_a_request(&[]),
     a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass(&[]),
-    a_replay_tick_yields_to_requests_between_batches(&[]),
+    a_replay_pass_yields_to_requests_between_batches(&[]),
     health_readiness_and_metrics_answer(&[]),
     a_limit_changed_mid_window_applies_at_once(&[]),
 }
@@ -521,15 +521,17 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
     let seq = T0 / 60_000;
     let read = |id: &str| json!({"cells":[{"namespace":"api","identifier":id,"duration":60_000,"sequence":seq}]});
     let mut waited = 0;
-    for pass in 1..=10 {
+    // Passes every 100 ms; no flush interval: a cell over the floor is not held for the flush.
+    let limiter = &g.gateway.limiter;
+    let mut pump = strata_gateway::limiter::ReplayPump::new(limiter, 100, 0);
+    for pass in 1..=10_u32 {
         g.clock.advance(100);
         assert!(g.limit(None, "busy", 100).await.0);
         for id in &quiet {
             assert!(g.limit(None, id, 1_000_000).await.0);
         }
-        // No flush interval: a cell over the floor is not held for the flush.
-        let tick = g.gateway.limiter.replay_tick(pass, 100, 0).await;
-        assert!(tick.delivered && tick.batches == 1, "{tick:?}");
+        let tick = pump.pass(limiter).await;
+        assert!(tick.failed == 0 && tick.batches == 1, "{tick:?}");
         let busy = g.post("/v1/origin/read", None, read("busy")).await;
         assert_eq!(
             busy.body["cells"][0]["regional"],
@@ -556,10 +558,10 @@ async fn a_quiet_key_waits_for_its_turn_and_a_key_over_the_floor_goes_every_pass
     }
 }
 
-/// A tick over many cells goes in batches of at most `REPLAY_STEP` cells, every cell once,
-/// and other tasks run between two batches: on the embedded origin nothing in a batch waits,
-/// so without the yield a tick would hold the worker for all of them.
-async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
+/// A replay pass over many cells goes in batches of at most `REPLAY_STEP` cells, every cell
+/// once, and other tasks run between two batches: on the embedded origin nothing in a batch
+/// waits, so without the yield a pass would hold the worker for all of them.
+async fn a_replay_pass_yields_to_requests_between_batches(g: TestGateway) {
     use strata_gateway::limiter::REPLAY_STEP;
     // The first request of a key passes ahead, the second is decided at the origin (which
     // lends the lease), the third passes locally under it: one cell of unreplayed cost per
@@ -571,9 +573,12 @@ async fn a_replay_tick_yields_to_requests_between_batches(g: TestGateway) {
         }
     }
     assert_eq!(g.gateway.limiter.unreplayed(), keys);
-    // Ticks a second apart: every cell's turn comes on every tick (`QuietPace`).
-    let (tick, during) = polled_during(g.gateway.limiter.replay_tick(1, 1_000, 0)).await;
-    assert!(tick.delivered, "{tick:?}");
+    // Passes a second apart: every cell's turn comes on every pass (`QuietPace`).
+    let limiter = &g.gateway.limiter;
+    let mut pump = strata_gateway::limiter::ReplayPump::new(limiter, 1_000, 0);
+    g.clock.advance(1_000);
+    let (tick, during) = polled_during(pump.pass(limiter)).await;
+    assert_eq!(tick.failed, 0, "{tick:?}");
     assert_eq!(tick.cells, keys, "every cell once: {tick:?}");
     assert!(
         tick.batches >= keys.div_ceil(REPLAY_STEP),

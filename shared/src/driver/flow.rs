@@ -42,6 +42,10 @@ pub struct FlowConfig {
     pub timeout_ms: u64,
     /// How long accepted cost gathers before a replay.
     pub replay_interval_ms: u64,
+    /// The most cells a replay batch carries: [`wire::MAX_BATCH`] for a shell that sends
+    /// them to the gateway; fewer for the gateway's own, which its origin runs without a
+    /// yield (a batch holds a worker, or Redis, between two requests).
+    pub replay_batch: usize,
 }
 
 impl FlowConfig {
@@ -653,7 +657,7 @@ impl Flow {
         let pace = lane
             .pace
             .map(|p| QuietPace::stated(lane.pass, interval, store.lease_ms(home), &p));
-        let (batch, next) = store.take_replay(home, wire::MAX_BATCH, now_ms, pace, from);
+        let (batch, next) = store.take_replay(home, self.config.replay_batch, now_ms, pace, from);
         let lane = self.lane(home);
         lane.held |= batch.held > 0;
         if batch.is_empty() {
@@ -722,6 +726,12 @@ impl Flow {
             Some(from) => self.send_replay(store, home, from, now_ms),
             None => self.pass_done(store, home, now_ms),
         }
+    }
+
+    /// The region's pace for `home`'s replay, from a shell that knows it without asking (the
+    /// gateway, whose own view states it): as a replay answer's `pace` sets it.
+    pub fn set_pace(&mut self, home: Home, pace: wire::ReplayPace) {
+        self.lane(home).pace = Some(pace);
     }
 
     /// The size of replay batch `call`, while it is in flight.

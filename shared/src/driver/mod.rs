@@ -100,6 +100,7 @@ impl DriverConfig {
         FlowConfig {
             timeout_ms: self.timeout_ms,
             replay_interval_ms: self.replay_interval_ms,
+            replay_batch: crate::wire::MAX_BATCH,
         }
     }
 }

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use strata_core::headers::{Field, HeaderLimit, header_values};
 use strata_core::wire::{
     CellsResponse, DecideRequest, DecideResponse, ErrorCode, MAX_BODY_BYTES, MultiRequest,
-    MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, RenewedLease, ReplayRequest,
+    MultiResponse, RatelimitRequest, RatelimitResponse, ReadRequest, ReplayRequest,
 };
 
 use crate::Gateway;
@@ -289,35 +289,25 @@ async fn origin_replay(
         }
     }
     let after = gw.limiter.replay_refs(&req.instance, &events, now).await?;
-    // A cell that failed alone fails the call: the others were merged, and merging them
-    // again when the caller retries counts nothing twice.
-    let mut counts = Vec::with_capacity(events.len());
-    let mut renewed = Vec::new();
-    let lease_ms = gw.limiter.origin.lease_ms();
-    for (i, (e, cell)) in events.iter().zip(after).enumerate() {
-        let Some((cell, lease_id)) = cell else {
-            return Err(ApiError::Origin(OriginError::Backend(format!(
-                "the origin could not merge {}:{} sequence {}",
-                e.cell.key.namespace(),
-                e.cell.key.identifier(),
-                e.cell.sequence
-            ))));
-        };
-        counts.push(cell);
-        if lease_id > 0 {
-            renewed.push(RenewedLease {
-                event: i as u64,
-                lease_id,
-                lease_ms,
+    let answer = gw
+        .limiter
+        .replay_answer(&after, gw.settings.flush_ms())
+        .map_err(|i| {
+            let cell = events.get(i).map_or_else(String::new, |e| {
+                let key = e.cell.key;
+                format!(
+                    " {}:{} sequence {}",
+                    key.namespace(),
+                    key.identifier(),
+                    e.cell.sequence
+                )
             });
-        }
-    }
-    gw.limiter.metrics.leases_renewed(renewed.len());
-    Ok(Json(CellsResponse {
-        cells: counts,
-        renewed,
-        pace: Some(gw.limiter.replay_pace(gw.settings.flush_ms())),
-    }))
+            ApiError::Origin(OriginError::Backend(format!(
+                "the origin could not merge{cell}"
+            )))
+        })?;
+    gw.limiter.metrics.leases_renewed(answer.renewed.len());
+    Ok(Json(answer))
 }
 
 /// Decides at the origin, atomically and exactly, for a caller's cold, stale, strict or

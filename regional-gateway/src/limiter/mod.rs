@@ -18,10 +18,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use strata_core::driver::{DecidedBy, Dispatch, FlowConfig, Outgoing};
-use strata_core::replay::{QuietPace, ReplayEvent};
+use strata_core::replay::{ReplayBatch, ReplayEvent};
 use strata_core::request::OriginCall;
 use strata_core::table::LimitRequest;
-use strata_core::wire::{DecideRef, DecideResponse, DecideResult, ReplayPace, ReplayRef};
+use strata_core::wire::{
+    CellsResponse, DecideRef, DecideResponse, DecideResult, MAX_BATCH, RenewedLease, ReplayPace,
+    ReplayRef,
+};
 use strata_core::{Counts, Decision, MultiDecision};
 use tokio::sync::oneshot;
 
@@ -38,17 +41,6 @@ use flows::Tables;
 /// (measured at 10,000 keys), 128 cells hold it under half a millisecond, where the 1,000 of a
 /// wire batch held it 4 ms; at 10,000 keys a pass is still about ten round trips to Redis.
 pub const REPLAY_STEP: usize = 128;
-
-/// What became of a replay batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Sent {
-    /// Every cell merged.
-    All,
-    /// Some cells failed alone (the others merged).
-    Partly,
-    /// The call failed: nothing is known merged.
-    Unanswered,
-}
 
 /// Local tables and origin, and the decision flow over them.
 #[derive(Debug)]
@@ -335,57 +327,79 @@ impl Limiter {
     }
 
     /// Sends one replay batch (up to `MAX_BATCH` cells) of every cell holding unacknowledged
-    /// cost. Returns false if it failed; the counts stay in the tables and the next batch
+    /// cost, unpaced (the shutdown's drain, and tests). Returns false if it failed, or a cell
+    /// failed alone; the counts not acknowledged stay in the tables and the next batch
     /// carries them.
     pub async fn replay_once(&self) -> bool {
-        let (sent, _, _) = self
-            .replay_batch(None, strata_core::wire::MAX_BATCH, ReplayCursor::default())
-            .await;
-        sent == Sent::All
-    }
-
-    /// Takes up to `max` cells from where `from` points on and sends them to the origin.
-    /// Returns what became of them, how many were taken, and where the next batch of
-    /// the same pass goes on (`None`: every cell was looked at).
-    async fn replay_batch(
-        &self,
-        pace: Option<QuietPace>,
-        max: usize,
-        from: ReplayCursor,
-    ) -> (Sent, usize, Option<ReplayCursor>) {
         let now = self.clock.now_ms();
-        let (batch, next) = self.local.take_replay(max, now, pace, from);
+        let from = ReplayCursor::default();
+        let (batch, _) = self.local.take_replay(MAX_BATCH, now, None, from);
         if batch.is_empty() {
-            return (Sent::All, 0, None);
+            return true;
         }
         let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
-        // A renewed lease runs a lease lifetime from when the batch was taken.
-        let until = now.saturating_add(self.origin.lease_ms());
         match self.replay_refs(&self.instance, &refs, now).await {
-            Ok(answers) => {
-                let (mut delivered, mut renewed) = (0, 0);
-                let acks = batch.events.iter().zip(answers).filter_map(|(e, answer)| {
-                    let (counts, lease_id) = answer?;
-                    delivered += 1;
-                    renewed += usize::from(lease_id > 0);
-                    Some((e, counts, (lease_id > 0).then_some((lease_id, until))))
-                });
-                self.local.ack_replay(acks);
-                self.metrics.replayed(delivered);
-                self.metrics.leases_renewed(renewed);
-                let sent = if delivered == batch.len() {
-                    Sent::All
-                } else {
-                    Sent::Partly
-                };
-                (sent, batch.len(), next)
-            }
+            Ok(answers) => self.ack_delivered(&batch, &answers, now) == batch.len(),
             Err(e) => {
                 self.metrics.replay_failed();
                 tracing::warn!(error = %e, cells = batch.len(), "replay batch failed; sent again with the next");
-                (Sent::Unanswered, batch.len(), next)
+                false
             }
         }
+    }
+
+    /// Acknowledges in the local tables the cells of `batch`, taken at `taken_ms`, that the
+    /// origin merged (`answers`, as [`replay_refs`](Self::replay_refs) gives them), a renewed
+    /// lease running a lease lifetime from then, and counts them. Returns how many there were.
+    pub(crate) fn ack_delivered(
+        &self,
+        batch: &ReplayBatch,
+        answers: &[Option<(Counts, u64)>],
+        taken_ms: u64,
+    ) -> usize {
+        let until = taken_ms.saturating_add(self.origin.lease_ms());
+        let (mut delivered, mut renewed) = (0, 0);
+        let acks = batch.events.iter().zip(answers).filter_map(|(e, answer)| {
+            let (counts, lease_id) = (*answer)?;
+            delivered += 1;
+            renewed += usize::from(lease_id > 0);
+            Some((e, counts, (lease_id > 0).then_some((lease_id, until))))
+        });
+        self.local.ack_replay(acks);
+        self.metrics.replayed(delivered);
+        self.metrics.leases_renewed(renewed);
+        delivered
+    }
+
+    /// The answer to a replay caller from `answers`, one per event as
+    /// [`replay_refs`](Self::replay_refs) gives them: each cell's counts, the leases renewed
+    /// (each for the origin's lease lifetime) and the pace the region's view states (a flush
+    /// every `flush_ms`). A cell that failed alone fails the call, `Err` naming its event: the
+    /// others were merged, and merging them again when the caller retries counts nothing
+    /// twice.
+    pub fn replay_answer(
+        &self,
+        answers: &[Option<(Counts, u64)>],
+        flush_ms: u64,
+    ) -> Result<CellsResponse, usize> {
+        let lease_ms = self.origin.lease_ms();
+        let mut answer = CellsResponse {
+            cells: Vec::with_capacity(answers.len()),
+            renewed: Vec::new(),
+            pace: Some(self.replay_pace(flush_ms)),
+        };
+        for (i, (event, cell)) in (0_u64..).zip(answers).enumerate() {
+            let (counts, lease_id) = cell.ok_or(i)?;
+            answer.cells.push(counts);
+            if lease_id > 0 {
+                answer.renewed.push(RenewedLease {
+                    event,
+                    lease_id,
+                    lease_ms,
+                });
+            }
+        }
+        Ok(answer)
     }
 
     /// Merges `instance`'s replayed own counts at the origin, renews the leases events ask

@@ -12,7 +12,7 @@ use strata_core::origin::OriginAnswer;
 use strata_core::replay::{QuietPace, ReplayBatch, ReplayEvent};
 use strata_core::request::{Begin, OriginCall};
 use strata_core::table::{LimitRequest, TooManyLimits};
-use strata_core::wire::{CellsResponse, RenewedLease, ReplayRef};
+use strata_core::wire::{CellsResponse, ReplayRef};
 use strata_core::{FailureMode, MultiDecision};
 
 use super::flows::Tables;
@@ -74,13 +74,11 @@ impl ReplayPump {
             };
             pass.batches += 1;
             pass.cells += batch.len();
-            let answer = send(limiter, batch, d.at_ms, Duration::from_millis(d.timeout_ms)).await;
+            let bound = Duration::from_millis(d.timeout_ms);
+            let answer = send(limiter, batch, d.at_ms, bound, self.flush_ms).await;
             let now = limiter.clock.now_ms();
             match answer {
-                Ok(mut answer) => {
-                    answer.pace = Some(limiter.replay_pace(self.flush_ms));
-                    self.flow.replayed(&mut store, d.call, &answer, now);
-                }
+                Ok(answer) => self.flow.replayed(&mut store, d.call, &answer, now),
                 Err(why) => {
                     pass.failed += 1;
                     limiter.metrics.replay_failed();
@@ -103,47 +101,26 @@ impl ReplayPump {
     }
 }
 
-/// Sends `batch`, taken at `at_ms`, to the origin within `bound`: every cell's answer, or why
-/// the batch failed. A cell the origin could not merge fails the batch, as
-/// `/v1/origin/replay` answers a Wasm shell; the cells it merged are acknowledged first, so
-/// only that cell and the ones after it go again.
+/// Sends `batch`, taken at `at_ms`, to the origin within `bound`: every cell's answer, with
+/// the pace of a flush every `flush_ms`, or why the batch failed. A cell the origin could not
+/// merge fails the batch, as `/v1/origin/replay` answers a Wasm shell; the cells it merged are
+/// acknowledged first, so only that cell and the ones after it go again.
 async fn send(
     limiter: &Limiter,
     batch: &ReplayBatch,
     at_ms: u64,
     bound: Duration,
+    flush_ms: u64,
 ) -> Result<CellsResponse, String> {
     let refs: Vec<ReplayRef<'_>> = batch.events.iter().map(ReplayEvent::replay_ref).collect();
     let answers = tokio::time::timeout(bound, limiter.replay_refs(&limiter.instance, &refs, at_ms))
         .await
         .map_err(|_| format!("no answer within {bound:?}"))?
         .map_err(|e| e.to_string())?;
-    let lease_ms = limiter.origin.lease_ms();
-    if answers.iter().any(Option::is_none) {
-        let until = at_ms.saturating_add(lease_ms);
-        let merged = batch.events.iter().zip(&answers).filter_map(|(e, a)| {
-            let (counts, lease_id) = (*a)?;
-            Some((e, counts, (lease_id > 0).then_some((lease_id, until))))
-        });
-        limiter.local.ack_replay(merged);
-        return Err("the origin could not merge a cell".to_string());
-    }
-    let mut answer = CellsResponse {
-        cells: Vec::with_capacity(answers.len()),
-        renewed: Vec::new(),
-        pace: None,
-    };
-    for (event, (counts, lease_id)) in (0_u64..).zip(answers.into_iter().flatten()) {
-        answer.cells.push(counts);
-        if lease_id > 0 {
-            answer.renewed.push(RenewedLease {
-                event,
-                lease_id,
-                lease_ms,
-            });
-        }
-    }
-    Ok(answer)
+    limiter.replay_answer(&answers, flush_ms).map_err(|_| {
+        limiter.ack_delivered(batch, &answers, at_ms);
+        "the origin could not merge a cell".to_string()
+    })
 }
 
 /// The gateway's tables as the replay's store: the decision steps as the request flows take
@@ -216,18 +193,17 @@ impl Replays for GatewayReplays<'_> {
         sent_ms: u64,
         _: u64,
     ) {
+        // The answer back in `replay_refs`'s shape (every cell merged; the leases it renewed
+        // by event, each for the origin's lifetime, which `ack_delivered` applies).
         let mut renewed = answer.renewed.iter().peekable();
-        let acks = (0_u64..)
-            .zip(batch.events.iter().zip(&answer.cells))
-            .map(|(i, (e, c))| {
-                let lease = renewed
-                    .next_if(|r| r.event == i)
-                    .map(|r| (r.lease_id, sent_ms.saturating_add(r.lease_ms)));
-                (e, *c, lease)
-            });
-        self.limiter.local.ack_replay(acks);
-        self.limiter.metrics.replayed(answer.cells.len());
-        self.limiter.metrics.leases_renewed(answer.renewed.len());
+        let answers: Vec<_> = (0_u64..)
+            .zip(&answer.cells)
+            .map(|(i, counts)| {
+                let lease_id = renewed.next_if(|r| r.event == i).map_or(0, |r| r.lease_id);
+                Some((*counts, lease_id))
+            })
+            .collect();
+        self.limiter.ack_delivered(batch, &answers, sent_ms);
     }
     fn periodic(&self, _: Home) -> bool {
         true

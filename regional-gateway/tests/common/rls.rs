@@ -22,6 +22,9 @@ pub fn conformance_config(limits: &[(&str, u64)]) -> String {
     yaml
 }
 
+/// What [`RlsClient::sends`]'s calls answer.
+pub type Admits = std::pin::Pin<Box<dyn Future<Output = Result<bool, String>> + Send>>;
+
 /// A client of one rate-limit service.
 #[derive(Clone)]
 pub struct RlsClient {
@@ -36,6 +39,16 @@ impl RlsClient {
             .connect_lazy();
         Self {
             grpc: tonic::client::Grpc::new(channel),
+        }
+    }
+
+    /// The conformance table's `send`: a call of the entry `key` = the key it is given
+    /// ([`admits`](Self::admits)).
+    pub fn sends(&self, key: &'static str) -> impl Fn(String) -> Admits + Clone + Send + 'static {
+        let rls = self.clone();
+        move |value: String| {
+            let rls = rls.clone();
+            Box::pin(async move { rls.admits(key, &value).await })
         }
     }
 

@@ -315,67 +315,53 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     let runtime = "gateway, Redis up";
     let burst = send(common::conformance::BURST_LIMIT);
     common::conformance::one_call(runtime, &format!("burst-{tag}"), burst, calls).await;
-    let far = format!("far-{tag}");
+    // A cell's count at Redis, read through the gateway (0 while the breaker is open).
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let today = u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000;
-    let count = || async {
-        let read =
-            common::process::read_count(&http, &base, "conformance", &far, 86_400_000, today);
-        read.await.unwrap_or(0)
+    let count = |namespace: &'static str, identifier: String| {
+        let (http, base) = (http.clone(), base.clone());
+        move || {
+            let (http, base, identifier) = (http.clone(), base.clone(), identifier.clone());
+            async move {
+                let read = common::process::read_count(
+                    &http,
+                    &base,
+                    namespace,
+                    &identifier,
+                    86_400_000,
+                    today,
+                );
+                read.await.unwrap_or(0)
+            }
+        }
     };
+    let far = format!("far-{tag}");
     let once = send(common::conformance::BURST_LIMIT);
-    common::conformance::replayed_not_decided(runtime, &far, once, calls, count).await;
+    let counted = count("conformance", far.clone());
+    common::conformance::replayed_not_decided(runtime, &far, once, calls, counted).await;
 
     // The same rows through the rate-limit service: its descriptor `far=<value>` is the key.
     let rls = common::rls::RlsClient::new(&rls_listen);
-    let send_far = |rls: common::rls::RlsClient| {
-        move |value: String| {
-            let rls = rls.clone();
-            async move { rls.admits("far", &value).await }
-        }
-    };
     let runtime = "RLS, Redis up";
-    let burst = send_far(rls.clone());
-    common::conformance::one_call(runtime, &format!("rls-burst-{tag}"), burst, calls).await;
+    let burst = format!("rls-burst-{tag}");
+    common::conformance::one_call(runtime, &burst, rls.sends("far"), calls).await;
     let value = format!("rls-far-{tag}");
-    let identifier = format!("far={value}");
-    let count = || async {
-        let read = common::process::read_count(
-            &http,
-            &base,
-            common::rls::DOMAIN,
-            &identifier,
-            86_400_000,
-            today,
-        );
-        read.await.unwrap_or(0)
-    };
-    let once = send_far(rls);
-    common::conformance::replayed_not_decided(runtime, &value, once, calls, count).await;
+    let counted = count(common::rls::DOMAIN, format!("far={value}"));
+    common::conformance::replayed_not_decided(runtime, &value, rls.sends("far"), calls, counted)
+        .await;
 
     redis.stop();
     let (key, value) = (format!("outage-{tag}"), format!("rls-outage-{tag}"));
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let day = u64::try_from(since.unwrap().as_millis()).unwrap() / 86_400_000;
     let (mut admitted, mut admitted_rls) = (0, 0);
     let send = send(common::conformance::LIMIT);
-    let rls = common::rls::RlsClient::new(&rls_listen);
     for _ in 0..common::conformance::REQUESTS {
         admitted += u64::from(send(key.clone()).await.unwrap());
         admitted_rls += u64::from(rls.admits("conf", &value).await.unwrap());
     }
     redis.restart();
-    let count = |identifier: String, namespace: &'static str| {
-        let (http, base) = (http.clone(), base.clone());
-        async move {
-            let read =
-                common::process::read_count(&http, &base, namespace, &identifier, 86_400_000, day);
-            read.await.unwrap_or(0) // the breaker may still be open
-        }
-    };
-    let http_count = || count(key.clone(), "conformance");
+    let http_count = count("conformance", key);
     common::conformance::replayed_after_outage("gateway, Redis", admitted, http_count).await;
-    let rls_count = || count(format!("conf={value}"), common::rls::DOMAIN);
+    let rls_count = count(common::rls::DOMAIN, format!("conf={value}"));
     common::conformance::replayed_after_outage("RLS, Redis", admitted_rls, rls_count).await;
 }
 
@@ -427,12 +413,8 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
     common::conformance::late_answers("gateway", &key, send, calls).await;
     // The same row through the rate-limit service.
     let rls = common::rls::RlsClient::new(&rls_listen);
-    let send = move |value: String| {
-        let rls = rls.clone();
-        async move { rls.admits("late", &value).await }
-    };
     let key = format!("rls-late-{}", std::process::id());
-    common::conformance::late_answers("RLS", &key, send, calls).await;
+    common::conformance::late_answers("RLS", &key, rls.sends("late"), calls).await;
 }
 
 /// The gateway's replay backs off while its Redis is away, by the core's rule the Wasm shells
@@ -573,19 +555,10 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             mode != "deny",
             "{mode}: decided ahead ({ahead})"
         );
-        // The same rows through the rate-limit service, on keys of their own.
+        // The same rows through the rate-limit service (its keys are `conf=`/`far=` entries).
         let rls = common::rls::RlsClient::new(&rls_listen);
-        let (far_rls, send_rls) = (rls.clone(), rls);
-        let far = move |key: String| {
-            let rls = far_rls.clone();
-            async move { rls.admits("far", &format!("rls-{key}")).await }
-        };
-        let send = move |key: String| {
-            let rls = send_rls.clone();
-            async move { rls.admits("conf", &format!("rls-{key}")).await }
-        };
         let runtime = format!("RLS, Redis {outage:?}");
-        common::conformance::check(&runtime, mode, 250, send, far).await;
+        common::conformance::check(&runtime, mode, 250, rls.sends("conf"), rls.sends("far")).await;
     }
     held.abort();
 }

@@ -707,19 +707,31 @@ fn a_lease_is_renewed_in_the_last_quarter_of_the_lifetime_the_gateway_lent_it_fo
     );
 }
 
-/// Requests on user "a" every 100 ms from `T0` to `T0 + 2 s` (a key that waits for the
-/// gateway, whose decision lends 40 for 5 s), then none; the shell wakes only at the driver's deadlines until `T0 + 8 s`. Every
-/// replay answer states `pace`. Returns the times of the replay calls and the cost they
-/// delivered in all (the largest `used` the gateway saw).
-fn paced_use(pace: Option<ReplayPace>) -> (Vec<u64>, u64) {
-    let (mut d, mut store) = driver(FailureMode::Local, NEAR);
-    let (mut replays, mut delivered) = (Vec::new(), 0);
-    let mut next_request = Some(T0);
+/// A replay call [`drive`] answered: when (ms after `T0`), the most own cost one of its events
+/// carried, and the cost it carried that the gateway had not acknowledged.
+struct Replayed {
+    at: u64,
+    used: u64,
+    carried: u64,
+}
+
+/// Requests on user "a" under `limit` at `T0 + t` for each `t` of `times`, every decision
+/// answered with a lease of 40 for 5 s and every replay answer stating `pace`; the shell wakes
+/// only at the driver's deadlines and the requests' times, until `T0 + until`. Returns the
+/// driver's stats and the replay calls.
+fn drive(
+    limit: u64,
+    times: &[u64],
+    pace: Option<ReplayPace>,
+    until: u64,
+) -> (strata_core::driver::DriverStats, Vec<Replayed>) {
+    let (mut d, mut store) = driver(FailureMode::Local, limit);
+    let mut replays = Vec::new();
+    let mut pending = times.iter().map(|&at| T0 + at).peekable();
     let mut now = T0;
-    while now <= T0 + 8_000 {
-        if next_request == Some(now) {
+    while now <= T0 + until {
+        while pending.next_if(|&at| at == now).is_some() {
             d.request(&mut store, now, &user("a"), now).unwrap();
-            next_request = Some(now + 100).filter(|&t| t <= T0 + 2_000);
         }
         d.timeout(&mut store, now);
         for t in transmits(&mut d) {
@@ -727,13 +739,12 @@ fn paced_use(pace: Option<ReplayPace>) -> (Vec<u64>, u64) {
                 grant(&mut d, &mut store, &t, 40, now);
                 continue;
             }
-            replays.push(now - T0);
             let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
-            delivered = request
-                .events
-                .iter()
-                .map(|e| e.used)
-                .fold(delivered, u64::max);
+            replays.push(Replayed {
+                at: now - T0,
+                used: request.events.iter().map(|e| e.used).max().unwrap_or(0),
+                carried: request.events.iter().map(|e| e.used - e.acked).sum(),
+            });
             let mut answer: CellsResponse = serde_json::from_str(&replayed(&t)).unwrap();
             answer.pace = pace;
             let body = serde_json::to_string(&answer).unwrap();
@@ -741,12 +752,24 @@ fn paced_use(pace: Option<ReplayPace>) -> (Vec<u64>, u64) {
         }
         std::iter::from_fn(|| d.poll_decision()).for_each(drop);
         // The shell's one timer: the driver's deadline or the next request.
-        let Some(at) = [d.poll_timeout(), next_request].into_iter().flatten().min() else {
+        let next = [d.poll_timeout(), pending.peek().copied()];
+        let Some(at) = next.into_iter().flatten().min() else {
             break;
         };
         now = at.max(now + 1);
     }
-    (replays, delivered)
+    (d.stats(), replays)
+}
+
+/// Requests on user "a" every 100 ms from `T0` to `T0 + 2 s` (a key that waits for the
+/// gateway, whose decision lends 40 for 5 s), then none, until `T0 + 8 s`, every replay answer
+/// stating `pace`. Returns the times of the replay calls and the cost they delivered in all
+/// (the largest `used` the gateway saw).
+fn paced_use(pace: Option<ReplayPace>) -> (Vec<u64>, u64) {
+    let times: Vec<u64> = (0..=20).map(|i| i * 100).collect();
+    let (_, replays) = drive(NEAR, &times, pace, 8_000);
+    let delivered = replays.iter().map(|r| r.used).max().unwrap_or(0);
+    (replays.iter().map(|r| r.at).collect(), delivered)
 }
 
 #[test]
@@ -780,46 +803,15 @@ fn a_region_alone_holds_a_covered_cell_until_its_lease_nears_its_end() {
     assert!(published.len() >= 10, "over the floor: {published:?}");
 }
 
-/// Requests on user "a" (limit 1,000,000) at `T0 + at` for each of `times`, every decision
-/// answered with a lease of 40 for 5 s and every replay answer stating a region alone; the
-/// shell wakes at the driver's deadlines until 2 s after the last request. Returns the
+/// Requests on user "a" (limit 1,000,000) at `T0 + t` for each `t` of `times`, as [`drive`]
+/// with every replay answer stating a region alone, until 2 s after the last. Returns the
 /// driver's stats and, per replay call, when it went and the passes it carried that the
 /// gateway had not acknowledged.
 fn far_key_use(times: &[u64]) -> (strata_core::driver::DriverStats, Vec<(u64, u64)>) {
-    let (mut d, mut store) = driver(FailureMode::Local, 1_000_000);
-    let mut replays = Vec::new();
-    let mut pending = times.iter().map(|&at| T0 + at).peekable();
-    let end = T0 + times.last().copied().unwrap_or(0) + 2_000;
-    let mut now = T0;
-    while now <= end {
-        while pending.next_if(|&at| at == now).is_some() {
-            d.request(&mut store, now, &user("a"), now).unwrap();
-        }
-        d.timeout(&mut store, now);
-        for t in transmits(&mut d) {
-            if t.path == DECIDE_PATH {
-                grant(&mut d, &mut store, &t, 40, now);
-                continue;
-            }
-            let request: ReplayRequest = serde_json::from_str(&t.body).unwrap();
-            let carried = request.events.iter().map(|e| e.used - e.acked).sum();
-            replays.push((now - T0, carried));
-            let mut answer: CellsResponse = serde_json::from_str(&replayed(&t)).unwrap();
-            answer.pace = Some(ReplayPace::new(true, PublishPolicy::default(), 0));
-            let body = serde_json::to_string(&answer).unwrap();
-            d.answer(&mut store, t.call, 200, body.as_bytes(), now);
-        }
-        std::iter::from_fn(|| d.poll_decision()).for_each(drop);
-        let Some(at) = [d.poll_timeout(), pending.peek().copied()]
-            .into_iter()
-            .flatten()
-            .min()
-        else {
-            break;
-        };
-        now = at.max(now + 1);
-    }
-    (d.stats(), replays)
+    let alone = Some(ReplayPace::new(true, PublishPolicy::default(), 0));
+    let until = times.last().copied().unwrap_or(0) + 2_000;
+    let (stats, replays) = drive(1_000_000, times, alone, until);
+    (stats, replays.iter().map(|r| (r.at, r.carried)).collect())
 }
 
 /// A key far from its limit with no lease, between sparse requests (one every 2 s): each

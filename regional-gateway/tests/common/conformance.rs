@@ -439,3 +439,76 @@ pub async fn outages() -> (Vec<(Outage, u16)>, tokio::task::JoinHandle<()>) {
     ];
     (outages, held)
 }
+
+/// Keys of the pass-ahead pacing row.
+pub const PACED_KEYS: usize = 40;
+/// How soon after it is admitted a pass ahead would reach the origin on the next replay pass
+/// (the shells' default interval is 100 ms) and a little.
+pub const NEXT_PASS: Duration = Duration::from_millis(150);
+
+/// The pass-ahead pacing row, with the origin up: on each of [`PACED_KEYS`] cold keys of limit
+/// [`BURST_LIMIT`] (`keys`), one request passes ahead and reaches the origin by the replay (a
+/// cold cell's first pass goes at once), which `counts()` (the origin's counts of the keys'
+/// cells, in order) shows as 1. Then one more request on each, all at once: admitted, and their
+/// passes wait for each key's replay turn (one pass in ten at the default interval, staggered
+/// over the table) instead of the next pass: fewer than half reach the origin within
+/// [`NEXT_PASS`] (on the next pass, nearly all would), and every one within [`REPLAY_BOUND`].
+pub async fn passes_ahead_wait_for_their_turn<F, Fut, C, CFut>(
+    runtime: &str,
+    keys: &[String],
+    send: F,
+    counts: C,
+) where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<bool, String>> + Send + 'static,
+    C: Fn() -> CFut,
+    CFut: Future<Output = Vec<u64>>,
+{
+    let all_at = |n: u64| {
+        let counts = &counts;
+        async move {
+            let started = Instant::now();
+            loop {
+                let now = counts().await;
+                if now.iter().all(|&c| c == n) {
+                    return started.elapsed();
+                }
+                assert!(
+                    started.elapsed() < REPLAY_BOUND,
+                    "{runtime}: passes ahead never reached the origin: {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let at_once = |send: F| async move {
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|key| tokio::spawn(send.clone()(key.clone())))
+            .collect();
+        for t in tasks {
+            assert_eq!(
+                t.await.unwrap(),
+                Ok(true),
+                "{runtime}: a key far from its limit"
+            );
+        }
+    };
+    at_once(send.clone()).await;
+    all_at(1).await;
+    at_once(send).await;
+    let admitted = Instant::now();
+    tokio::time::sleep_until((admitted + NEXT_PASS).into()).await;
+    let early = counts().await.iter().filter(|&&c| c >= 2).count();
+    let took = all_at(2).await + NEXT_PASS;
+    println!(
+        "conformance {runtime}: {} keys' second passes ahead: {early} at the origin within \
+         {NEXT_PASS:?}, all within {took:?}",
+        keys.len()
+    );
+    assert!(
+        early * 2 < keys.len(),
+        "{runtime}: {early} of {} passes ahead went on the next replay pass",
+        keys.len()
+    );
+}

@@ -350,6 +350,36 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     common::conformance::replayed_not_decided(runtime, &value, rls.sends("far"), calls, counted)
         .await;
 
+    // The pacing of passes ahead, through both.
+    let paced = |prefix: &str| -> Vec<String> {
+        (0..common::conformance::PACED_KEYS)
+            .map(|i| format!("{prefix}paced-{tag}-{i}"))
+            .collect()
+    };
+    let counts = |namespace: &'static str, identifiers: Vec<String>| {
+        let (http, base) = (http.clone(), base.clone());
+        move || {
+            let (http, base, identifiers) = (http.clone(), base.clone(), identifiers.clone());
+            async move {
+                let ids: Vec<&str> = identifiers.iter().map(String::as_str).collect();
+                let read =
+                    common::process::read_counts(&http, &base, namespace, &ids, 86_400_000, today);
+                read.await.unwrap_or_default()
+            }
+        }
+    };
+    let keys = paced("");
+    let counted = counts("conformance", keys.clone());
+    let far = send(common::conformance::BURST_LIMIT);
+    common::conformance::passes_ahead_wait_for_their_turn("gateway", &keys, far, counted).await;
+    let keys = paced("rls-");
+    let counted = counts(
+        common::rls::DOMAIN,
+        keys.iter().map(|k| format!("far={k}")).collect(),
+    );
+    common::conformance::passes_ahead_wait_for_their_turn("RLS", &keys, rls.sends("far"), counted)
+        .await;
+
     redis.stop();
     let (key, value) = (format!("outage-{tag}"), format!("rls-outage-{tag}"));
     let (mut admitted, mut admitted_rls) = (0, 0);

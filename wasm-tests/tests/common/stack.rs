@@ -110,6 +110,35 @@ impl Stack {
         super::conformance::replayed_not_decided(runtime, &key, send, calls, count).await;
     }
 
+    /// The conformance table's pass-ahead pacing row
+    /// (`conformance::passes_ahead_wait_for_their_turn`) through the shell at `base` (rules
+    /// `per_key_rules(conformance::BURST_LIMIT)`, the gateway up), on keys of its own.
+    pub async fn pacing_row(&self, runtime: &str, base: &str) {
+        let at = now_ms();
+        let keys: Vec<String> = (0..super::conformance::PACED_KEYS)
+            .map(|i| format!("paced-{}-{at}-{i}", std::process::id()))
+            .collect();
+        let identifiers: Vec<String> = keys.iter().map(|k| format!("key={k}")).collect();
+        let (http, url) = (self.http.clone(), base.to_string());
+        let send = move |key: String| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { admitted(&http, &url, &key).await }
+        };
+        let counts = || async {
+            let ids: Vec<&str> = identifiers.iter().map(String::as_str).collect();
+            let read = super::process::read_counts(
+                &self.http,
+                self.gateway(),
+                "e2e",
+                &ids,
+                DAY_MS,
+                at / DAY_MS,
+            );
+            read.await.unwrap_or_default()
+        };
+        super::conformance::passes_ahead_wait_for_their_turn(runtime, &keys, send, counts).await;
+    }
+
     /// The conformance table's replay row (`conformance::replayed_after_outage`) through the
     /// edge at `base` (rules `per_key_rules(conformance::LIMIT)`, failure mode `local`):
     /// Redis stopped, `REQUESTS` requests on a cold key decided from memory, Redis back, and

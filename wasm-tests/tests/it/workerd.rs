@@ -472,9 +472,10 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
 }
 
 /// The conformance table's rows with the gateway up (the same as the gateway's and Envoy's):
-/// eight requests at once on a cold key make one decision call; what the edge admitted from
-/// memory while the gateway's Redis was down reaches Redis once it is back, with no request to
-/// carry it (the edge's own timer sends it again).
+/// eight requests at once on a cold key make one decision call; a pass ahead waits for its
+/// key's replay turn (the pacing row, which Envoy does not pass yet); what the edge admitted
+/// from memory while the gateway's Redis was down reaches Redis once it is back, with no
+/// request to carry it (the edge's own timer sends it again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
     let mut s = stack().await;
@@ -489,6 +490,7 @@ async fn a_burst_makes_one_call_and_an_outages_passes_reach_redis_after() {
     };
     common::conformance::one_call("workerd", &key, send, || s.decide_calls()).await;
     s.pass_ahead_row("workerd", &edge.base).await;
+    s.pacing_row("workerd", &edge.base).await;
 
     let rules = per_key_rules(common::conformance::LIMIT);
     let mut vars = edge_vars(&s, &rules);

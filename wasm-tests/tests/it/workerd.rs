@@ -473,7 +473,7 @@ async fn failure_modes_decide_as_named_while_the_gateway_is_unreachable() {
 
 /// The conformance table's rows with the gateway up (the same as the gateway's and Envoy's):
 /// eight requests at once on a cold key make one decision call; a pass ahead waits for its
-/// key's replay turn (the pacing row, which Envoy does not pass yet); what the edge admitted
+/// key's replay turn (the pacing row); what the edge admitted
 /// from memory while the gateway's Redis was down reaches Redis once it is back, with no
 /// request to carry it (the edge's own timer sends it again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

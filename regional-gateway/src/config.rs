@@ -47,9 +47,9 @@ pub const DEFAULT_DATABASE_FILE: &str = "global.db";
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// Default pause between syncs of the other regions' counts.
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
-/// Default pause between syncs that read every live row (the others read what changed): the
-/// backstop for a change a sync of changes missed, a minute at most.
-pub const DEFAULT_SYNC_FULL_INTERVAL: Duration = Duration::from_secs(60);
+/// Default pause between syncs that read every live row (the others read what changed, and
+/// miss no flush): a repair for a key the region view evicted while no region wrote it again.
+pub const DEFAULT_SYNC_FULL_INTERVAL: Duration = Duration::from_secs(3_600);
 /// Default random share of an interval added to each flush and sync.
 pub const DEFAULT_SYNC_JITTER: f64 = 0.2;
 /// Default publish floor as a fraction of the limit: the core's
@@ -237,7 +237,7 @@ layer! {
         #[arg(long, env = "STRATA_SYNC_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_SYNC_INTERVAL]
         pub sync_interval: Option<String>,
-        /// Pause between syncs that read every live row of the global table; the syncs between them read only the cells written since the last.
+        /// Pause between syncs that read every live row of the global table (and on start); the syncs between them read only the cells written since the last, and miss no flush however late it commits. The full read repairs a key the region view evicted while no region wrote it again.
         #[arg(long, env = "STRATA_SYNC_FULL_INTERVAL", value_name = "DURATION")]
         #[default = DEFAULT_SYNC_FULL_INTERVAL]
         pub sync_full_interval: Option<String>,

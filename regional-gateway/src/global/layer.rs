@@ -12,33 +12,29 @@ use prometheus_client::registry::Registry;
 
 use strata_core::{CounterTable, Counts, PublishPolicy, Region, TableConfig, WindowKeyRef};
 
-use super::store::{Store, StoreError, SyncRead};
+use super::store::{STALE_FLUSH_MS, Store, StoreError, SyncRead};
 use crate::local::LocalTables;
 use crate::steps::in_steps;
 
 /// Slots of the region view one flush step looks through (a few hundred microseconds).
 pub const FLUSH_SCAN_STEP: usize = 16_384;
 
-/// How far before the database's clock at the last read a sync of changes looks again: a flush
-/// stamps its rows when its statement starts and they show when it commits, so a flush still
-/// waiting on a lock when the last read ran is read by the next. Re-reading a row is harmless
-/// (components merge by maximum); a flush held longer is read by the next full sync.
-pub const SYNC_OVERLAP_MS: u64 = 2_000;
-
 /// When a sync reads every row and when only what changed: every row on the first sync and
-/// then every `full_every_ms` (the gateway's clock), a backstop for what a sync of changes
-/// cannot see (a flush delayed past [`SYNC_OVERLAP_MS`], a key the view evicted while no region
-/// wrote it); otherwise the cells changed since the database's clock at the last read that
-/// returned rows (each read brings that clock back with its rows, so a sync is one statement),
-/// less the overlap. A read that returned nothing moves nothing: the next looks from the same
-/// point, and finds only what was written since.
+/// then every `full_every_ms` (the gateway's clock), a repair for a key the view evicted while
+/// no region wrote it again; otherwise the cells with a row stamped after the cursor the last
+/// read returned ([`Store::sync_cells`] says why that misses no flush, however late it
+/// commits). A read that returned nothing moves nothing: the next looks from the same point.
+/// Every [`STALE_FLUSH_MS`] a sync also deletes the registrations of flushes that died, which
+/// would otherwise hold every cursor below them.
 #[derive(Clone, Copy, Debug)]
 pub struct SyncPlan {
     full_every_ms: u64,
-    /// The database's clock at the last read that returned rows.
-    read_at: Option<u64>,
+    /// Where the next read of changes starts (after).
+    cursor: Option<u64>,
     /// The gateway's clock when the last full read began.
     last_full: Option<u64>,
+    /// The gateway's clock when stale registrations were last deleted.
+    last_clear: Option<u64>,
 }
 
 impl SyncPlan {
@@ -46,30 +42,43 @@ impl SyncPlan {
     pub const fn new(full_every_ms: u64) -> Self {
         Self {
             full_every_ms,
-            read_at: None,
+            cursor: None,
             last_full: None,
+            last_clear: None,
         }
     }
 
     /// What a sync beginning at `now_ms` (the gateway's clock) reads.
     pub fn next(&self, now_ms: u64) -> SyncRead {
-        match (self.read_at, self.last_full) {
-            (Some(read), Some(full)) if now_ms.saturating_sub(full) < self.full_every_ms => {
-                SyncRead::Since(read.saturating_sub(SYNC_OVERLAP_MS))
+        match (self.cursor, self.last_full) {
+            (Some(cursor), Some(full)) if now_ms.saturating_sub(full) < self.full_every_ms => {
+                SyncRead::After(cursor)
             }
             _ => SyncRead::Full,
         }
     }
 
     /// Records a read that began at `began_ms` (the gateway's clock) and succeeded, with the
-    /// database's clock it returned (none: it returned no row).
-    pub fn done(&mut self, read: SyncRead, began_ms: u64, db_now: Option<u64>) {
-        if let Some(t) = db_now {
-            self.read_at = Some(self.read_at.map_or(t, |r| r.max(t)));
+    /// cursor it returned (none: it returned no row). The cursor only moves on: a later read's
+    /// may be lower (a flush registered after the last read), never needed lower.
+    pub fn done(&mut self, read: SyncRead, began_ms: u64, cursor: Option<u64>) {
+        if let Some(c) = cursor {
+            self.cursor = Some(self.cursor.map_or(c, |r| r.max(c)));
         }
         if read == SyncRead::Full {
             self.last_full = Some(began_ms);
         }
+    }
+
+    /// Whether a sync at `now_ms` should delete stale registrations (then it is recorded).
+    pub fn clear_due(&mut self, now_ms: u64) -> bool {
+        let due = self
+            .last_clear
+            .is_none_or(|at| now_ms.saturating_sub(at) >= STALE_FLUSH_MS);
+        if due {
+            self.last_clear = Some(now_ms);
+        }
+        due
     }
 }
 
@@ -362,13 +371,23 @@ impl Global {
     /// memory (for decisions). Returns the rows applied.
     pub async fn sync_once(&self, local: &LocalTables, now_ms: u64) -> Result<usize, StoreError> {
         let started = std::time::Instant::now();
+        if self.sync_plan().clear_due(now_ms) {
+            match self.guarded(self.store.clear_stale_flushes()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(
+                    registrations = n,
+                    "deleted the registrations of flushes older than {STALE_FLUSH_MS} ms (a gateway that died mid-flush)"
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not delete stale flush registrations"),
+            }
+        }
         let read = self.sync_plan().next(now_ms);
         let rows = match self
             .guarded(self.store.sync_cells(&self.region, now_ms, read))
             .await
         {
-            Ok((rows, db_now)) => {
-                self.sync_plan().done(read, now_ms, db_now);
+            Ok((rows, cursor)) => {
+                self.sync_plan().done(read, now_ms, cursor);
                 if read == SyncRead::Full {
                     self.metrics.full_syncs.inc();
                 }
@@ -487,36 +506,30 @@ mod tests {
 
     #[test]
     fn a_sync_reads_every_row_first_and_each_interval_and_what_changed_between() {
-        // The gateway's clock starts at 0; the database's is an hour ahead.
-        let db = 3_600_000;
         let mut plan = SyncPlan::new(60_000);
         assert_eq!(plan.next(0), SyncRead::Full, "the first read");
-        plan.done(SyncRead::Full, 0, Some(db));
+        plan.done(SyncRead::Full, 0, Some(40));
         let next = plan.next(1_000);
-        assert_eq!(next, SyncRead::Since(db - SYNC_OVERLAP_MS));
-        plan.done(next, 1_000, Some(db + 1_000));
+        assert_eq!(next, SyncRead::After(40));
+        plan.done(next, 1_000, Some(45));
         assert_eq!(
             plan.next(2_000),
-            SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS),
-            "from the database's clock at the last read"
+            SyncRead::After(45),
+            "from the last cursor"
         );
-        // A read that found nothing moves nothing, and a failed one records nothing.
-        plan.done(SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS), 2_000, None);
-        assert_eq!(
-            plan.next(30_000),
-            SyncRead::Since(db + 1_000 - SYNC_OVERLAP_MS)
-        );
+        // A read that found nothing moves nothing; one whose cursor is lower (a flush registered
+        // since) does not move it back.
+        plan.done(SyncRead::After(45), 2_000, None);
+        plan.done(SyncRead::After(45), 3_000, Some(41));
+        assert_eq!(plan.next(30_000), SyncRead::After(45));
         assert_eq!(
             plan.next(60_000),
             SyncRead::Full,
-            "a minute after the last full"
+            "a full read every full_every_ms"
         );
-        plan.done(SyncRead::Full, 60_000, Some(db + 60_000));
-        assert_eq!(
-            plan.next(61_000),
-            SyncRead::Since(db + 60_000 - SYNC_OVERLAP_MS)
-        );
-        // A full read of an empty table: the next is full again (it has no clock to start from).
+        plan.done(SyncRead::Full, 60_000, Some(50));
+        assert_eq!(plan.next(61_000), SyncRead::After(50));
+        // A full read of an empty table: the next is full again (it has no cursor to start from).
         let mut empty = SyncPlan::new(60_000);
         empty.done(SyncRead::Full, 0, None);
         assert_eq!(empty.next(1_000), SyncRead::Full);
@@ -525,5 +538,10 @@ mod tests {
             SyncRead::Full,
             "0: every sync full"
         );
+        // Stale registrations: on the first sync, then once every STALE_FLUSH_MS.
+        let mut plan = SyncPlan::new(60_000);
+        assert!(plan.clear_due(0));
+        assert!(!plan.clear_due(STALE_FLUSH_MS - 1));
+        assert!(plan.clear_due(STALE_FLUSH_MS));
     }
 }

@@ -11,22 +11,24 @@ use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 
 /// The newest schema this binary knows.
-pub const SCHEMA_VERSION: i64 = 4;
-const MYSQL: [&str; 4] = [
+pub const SCHEMA_VERSION: i64 = 5;
+const MYSQL: [&str; 5] = [
     include_str!("../../../migrations/mysql/0001_window_counts.sql"),
     include_str!("../../../migrations/mysql/0002_no_pad_keys.sql"),
     include_str!("../../../migrations/mysql/0003_regions.sql"),
     include_str!("../../../migrations/mysql/0004_updated_index.sql"),
+    include_str!("../../../migrations/mysql/0005_flush_stamps.sql"),
 ];
-const SQLITE: [&str; 4] = [
+const SQLITE: [&str; 5] = [
     include_str!("../../../migrations/sqlite/0001_window_counts.sql"),
     include_str!("../../../migrations/sqlite/0002_no_pad_keys.sql"),
     include_str!("../../../migrations/sqlite/0003_regions.sql"),
     include_str!("../../../migrations/sqlite/0004_updated_index.sql"),
+    include_str!("../../../migrations/sqlite/0005_flush_stamps.sql"),
 ];
-/// The database's clock in Unix ms, as each dialect spells it: every flush stamps `updated_at`
-/// with it and a sync reads changes against it, so the gateways' own clocks (which may disagree)
-/// never decide what a sync sees.
+/// The database's clock in Unix ms, as each dialect spells it: what a flush writes as
+/// `updated_at` and registers itself at, so the gateways' own clocks (which may disagree) never
+/// decide which registration is stale.
 const MYSQL_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED)";
 const SQLITE_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
 /// Rows per upsert statement: 9 placeholders each, far under MySQL's 65,535 and SQLite's
@@ -76,13 +78,18 @@ pub struct SyncRow {
 pub enum SyncRead {
     /// Every live row.
     Full,
-    /// The rows of the cells written after this time (database clock, Unix ms).
-    Since(u64),
+    /// The rows of the cells with a row stamped after this (a cursor a read returned).
+    After(u64),
 }
 
+/// How long a flush may stay registered before another gateway takes it for dead and deletes
+/// its registration (the flush, if it still runs, then rolls back): far longer than a flush
+/// takes, even across regions.
+pub const STALE_FLUSH_MS: u64 = 60_000;
+
 /// A sync row as the database returns it: workspace, namespace, identifier, duration,
-/// sequence, own, foreign sum, and the database's clock.
-type RawSyncRow = (String, String, String, i64, i64, i64, i64, i64);
+/// sequence, own, foreign sum, the stamp counter, and the lowest registered flush (if any).
+type RawSyncRow = (String, String, String, i64, i64, i64, i64, i64, Option<i64>);
 
 /// A connection pool to the global table.
 #[derive(Debug, Clone)]
@@ -218,15 +225,40 @@ impl Store {
     }
 
     /// Writes this region's components (`count = GREATEST(count, new)`), in the rows' order
-    /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks, each row
-    /// stamped with the database's clock. Returns the rows written.
+    /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks, as one
+    /// transaction whose rows carry one stamp that no sync can pass before the transaction ends
+    /// (migration 0005 says how). MySQL: the flush registers, takes its stamp, then writes in a
+    /// transaction that deletes its registration (and rolls back if another gateway deleted it
+    /// as stale); SQLite: the stamp is taken inside the write transaction, which SQLite runs one
+    /// at a time. Returns the rows written.
     pub async fn flush(&self, region: &Region, rows: &[FlushRow]) -> Result<u64, StoreError> {
+        use sqlx::Connection;
+        let head = "INSERT INTO ratelimit_window_counts \
+            (workspace_id, namespace, identifier, duration_ms, sequence, region, count, expires_at, updated_at, stamp) ";
         let mut written = 0;
-        for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
-            let head = "INSERT INTO ratelimit_window_counts \
-                (workspace_id, namespace, identifier, duration_ms, sequence, region, count, expires_at, updated_at) ";
-            match self {
-                Store::MySql(p) => {
+        match self {
+            Store::MySql(p) => {
+                let mut conn = p.acquire().await.map_err(query)?;
+                let flusher = format!("{}/{:032x}", region.as_str(), rand::random::<u128>());
+                sqlx::query(&format!(
+                    "INSERT INTO ratelimit_flushers (flusher, low, since) \
+                     SELECT ?, v, {MYSQL_NOW_MS} FROM ratelimit_stamp WHERE id = 1"
+                ))
+                .bind(&flusher)
+                .execute(&mut *conn)
+                .await
+                .map_err(query)?;
+                // Taken after the registration committed: above its `low`, so every sync that
+                // could see this stamp's rows missing also sees the registration.
+                let stamp = sqlx::query(
+                    "UPDATE ratelimit_stamp SET v = LAST_INSERT_ID(v + 1) WHERE id = 1",
+                )
+                .execute(&mut *conn)
+                .await
+                .map_err(query)?
+                .last_insert_id();
+                let mut tx = conn.begin().await.map_err(query)?;
+                for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
                     let mut q = QueryBuilder::<MySql>::new(head);
                     q.push_values(chunk, |mut b, r| {
                         let k = r.key.as_ref();
@@ -238,12 +270,41 @@ impl Store {
                             .push_bind(region.as_str())
                             .push_bind(r.count)
                             .push_bind(r.expires_at)
-                            .push(MYSQL_NOW_MS);
+                            .push(MYSQL_NOW_MS)
+                            .push_bind(stamp);
                     });
-                    q.push(" ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), updated_at = VALUES(updated_at)");
-                    q.build().execute(p).await.map_err(query)?;
+                    q.push(
+                        " ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), \
+                         updated_at = VALUES(updated_at), stamp = VALUES(stamp)",
+                    );
+                    q.build().execute(&mut *tx).await.map_err(query)?;
+                    written += chunk.len() as u64;
                 }
-                Store::Sqlite(p) => {
+                let registered = sqlx::query("DELETE FROM ratelimit_flushers WHERE flusher = ?")
+                    .bind(&flusher)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(query)?
+                    .rows_affected();
+                if registered != 1 {
+                    // Taken for dead: a sync may have passed this stamp already.
+                    tx.rollback().await.map_err(query)?;
+                    return Err(StoreError::Query(format!(
+                        "the flush ran past {STALE_FLUSH_MS} ms and another gateway took it for \
+                         dead: rolled back, the next flush writes its rows"
+                    )));
+                }
+                tx.commit().await.map_err(query)?;
+            }
+            Store::Sqlite(p) => {
+                let mut tx = p.begin().await.map_err(query)?;
+                let stamp: i64 = sqlx::query_scalar(
+                    "UPDATE ratelimit_stamp SET v = v + 1 WHERE id = 1 RETURNING v",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(query)?;
+                for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
                     let mut q = QueryBuilder::<Sqlite>::new(head);
                     q.push_values(chunk, |mut b, r| {
                         let k = r.key.as_ref();
@@ -255,22 +316,43 @@ impl Store {
                             .push_bind(region.as_str())
                             .push_bind(signed(r.count))
                             .push_bind(signed(r.expires_at))
-                            .push(SQLITE_NOW_MS);
+                            .push(SQLITE_NOW_MS)
+                            .push_bind(stamp);
                     });
                     q.push(
                         " ON CONFLICT (workspace_id, namespace, identifier, duration_ms, sequence, region) \
-                         DO UPDATE SET count = MAX(count, excluded.count), updated_at = excluded.updated_at",
+                         DO UPDATE SET count = MAX(count, excluded.count), \
+                         updated_at = excluded.updated_at, stamp = excluded.stamp",
                     );
-                    q.build().execute(p).await.map_err(query)?;
+                    q.build().execute(&mut *tx).await.map_err(query)?;
+                    written += chunk.len() as u64;
                 }
+                tx.commit().await.map_err(query)?;
             }
-            written += chunk.len() as u64;
         }
         Ok(written)
     }
 
-    /// The database's clock, Unix ms: what every flush stamps its rows with, and what a sync of
-    /// changes reads against ([`sync_cells`](Self::sync_cells) returns it with its rows).
+    /// Deletes the registrations of flushes older than [`STALE_FLUSH_MS`] (the database's
+    /// clock): a flusher that died leaves one, which would hold every sync's cursor below its
+    /// stamp for good. A flush still running when its registration goes rolls back, so nothing
+    /// it writes commits behind a cursor. Returns how many it deleted.
+    pub async fn clear_stale_flushes(&self) -> Result<u64, StoreError> {
+        match self {
+            Store::MySql(p) => Ok(sqlx::query(&format!(
+                "DELETE FROM ratelimit_flushers WHERE since < {MYSQL_NOW_MS} - ?"
+            ))
+            .bind(STALE_FLUSH_MS)
+            .execute(p)
+            .await
+            .map_err(query)?
+            .rows_affected()),
+            // No registrations: SQLite's stamps are in commit order.
+            Store::Sqlite(_) => Ok(0),
+        }
+    }
+
+    /// The database's clock, Unix ms (what a flush writes as `updated_at`).
     pub async fn clock_ms(&self) -> Result<u64, StoreError> {
         let ms: i64 = match self {
             Store::MySql(p) => {
@@ -292,63 +374,58 @@ impl Store {
         Ok(self.sync_cells(region, now_ms, SyncRead::Full).await?.0)
     }
 
-    /// [`sync`](Self::sync) of only the live cells with a row written after `since_ms` (the
-    /// database's clock): every row of those cells is read, and no other.
-    pub async fn sync_changed(
-        &self,
-        region: &Region,
-        now_ms: u64,
-        since_ms: u64,
-    ) -> Result<Vec<SyncRow>, StoreError> {
-        Ok(self
-            .sync_cells(region, now_ms, SyncRead::Since(since_ms))
-            .await?
-            .0)
-    }
-
-    /// The rows `read` says ([`sync`](Self::sync) or [`sync_changed`](Self::sync_changed)),
-    /// with the database's clock when the statement ran (none when it returned no row): one
-    /// statement, so across regions one round trip, where reading the clock first would take two.
+    /// The rows `read` says, with the cursor the next read of changes starts after (none when
+    /// it returned no row): one statement, so one round trip and one consistent view of the
+    /// rows, the stamp counter and the flushes in flight. The cursor is the counter, held below
+    /// the lowest registration of a flush in flight: every stamp at or under it is committed
+    /// and was read by now, whatever a flush's commit delay.
     pub async fn sync_cells(
         &self,
         region: &Region,
         now_ms: u64,
         read: SyncRead,
     ) -> Result<(Vec<SyncRow>, Option<u64>), StoreError> {
-        let since_ms = match read {
+        let after = match read {
             SyncRead::Full => None,
-            SyncRead::Since(since) => Some(since),
+            SyncRead::After(stamp) => Some(stamp),
         };
         let cells = "c.workspace_id, c.namespace, c.identifier, c.duration_ms, c.sequence";
-        let from = match since_ms {
-            None => "ratelimit_window_counts AS c WHERE c.expires_at > ?".to_string(),
-            // The cells changed since, through the `updated_at` index; then each one's rows.
+        let from = match after {
+            None => "ratelimit_window_counts AS c".to_string(),
+            // The cells changed since, through the `stamp` index; then each one's rows.
             Some(_) => {
                 "(SELECT DISTINCT workspace_id, namespace, identifier, duration_ms, sequence \
-                 FROM ratelimit_window_counts WHERE updated_at > ? AND expires_at > ?) AS ch \
+                 FROM ratelimit_window_counts WHERE stamp > ? AND expires_at > ?) AS ch \
                  JOIN ratelimit_window_counts AS c ON c.workspace_id = ch.workspace_id \
                  AND c.namespace = ch.namespace AND c.identifier = ch.identifier \
                  AND c.duration_ms = ch.duration_ms AND c.sequence = ch.sequence"
                     .to_string()
             }
         };
-        let sql = |cast: &str, now: &str| {
+        let live = if after.is_none() {
+            "WHERE c.expires_at > ?"
+        } else {
+            ""
+        };
+        let sql = |cast: &str| {
             format!(
                 "SELECT {cells}, \
                  CAST(SUM(CASE WHEN c.region = ? THEN c.count ELSE 0 END) AS {cast}) AS own, \
                  CAST(SUM(CASE WHEN c.region <> ? THEN c.count ELSE 0 END) AS {cast}) AS foreign_sum, \
-                 CAST(MAX({now}) AS {cast}) AS db_now \
-                 FROM {from} GROUP BY {cells}"
+                 CAST(MAX(m.top) AS {cast}) AS top, CAST(MIN(m.held) AS {cast}) AS held \
+                 FROM {from} CROSS JOIN (SELECT (SELECT v FROM ratelimit_stamp WHERE id = 1) AS top, \
+                 (SELECT MIN(low) FROM ratelimit_flushers) AS held) AS m \
+                 {live} GROUP BY {cells}"
             )
         };
         let rows: Vec<RawSyncRow> = match self {
             Store::MySql(p) => {
-                let text = sql("SIGNED", MYSQL_NOW_MS);
+                let text = sql("SIGNED");
                 let mut q = sqlx::query(&text)
                     .bind(region.as_str())
                     .bind(region.as_str());
-                if let Some(since) = since_ms {
-                    q = q.bind(since);
+                if let Some(after) = after {
+                    q = q.bind(after);
                 }
                 q.bind(now_ms)
                     .fetch_all(p)
@@ -370,18 +447,19 @@ impl Store {
                             r.try_get(5)?,
                             r.try_get(6)?,
                             r.try_get(7)?,
+                            r.try_get(8)?,
                         ))
                     })
                     .collect::<Result<_, sqlx::Error>>()
                     .map_err(query)?
             }
             Store::Sqlite(p) => {
-                let text = sql("INTEGER", SQLITE_NOW_MS);
+                let text = sql("INTEGER");
                 let mut q = sqlx::query(&text)
                     .bind(region.as_str())
                     .bind(region.as_str());
-                if let Some(since) = since_ms {
-                    q = q.bind(signed(since));
+                if let Some(after) = after {
+                    q = q.bind(signed(after));
                 }
                 q.bind(signed(now_ms))
                     .fetch_all(p)
@@ -398,16 +476,21 @@ impl Store {
                             r.try_get(5)?,
                             r.try_get(6)?,
                             r.try_get(7)?,
+                            r.try_get(8)?,
                         ))
                     })
                     .collect::<Result<_, sqlx::Error>>()
                     .map_err(query)?
             }
         };
-        let db_now = rows.iter().map(|r| unsigned(r.7)).max();
+        // A registered flush's stamps are above its `low`: the cursor stays at or under it.
+        let cursor = rows.first().map(|r| {
+            let top = unsigned(r.7);
+            r.8.map_or(top, |held| top.min(unsigned(held)))
+        });
         let rows = rows
             .into_iter()
-            .filter_map(|(ws, ns, id, duration, sequence, own, foreign, _)| {
+            .filter_map(|(ws, ns, id, duration, sequence, own, foreign, _, _)| {
                 let d = WindowDuration::from_ms(unsigned(duration)).ok()?;
                 let key = WindowKey::new(&ws, &ns, &id, d).ok()?;
                 Some(SyncRow {
@@ -418,7 +501,7 @@ impl Store {
                 })
             })
             .collect();
-        Ok((rows, db_now))
+        Ok((rows, cursor))
     }
 
     /// Records that `region` publishes, at `now_ms`, and returns how many regions did since

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use strata_core::gcounter::{FlushRow, sort_flush_rows};
 use strata_core::{Region, WindowDuration, WindowKey};
-use strata_gateway::global::{Store, StoreError, SyncRead};
+use strata_gateway::global::{Store, StoreError, SyncRead, SyncRow};
 
 use crate::common;
 use common::mariadb::SharedDatabase;
@@ -293,21 +293,13 @@ async fn regions_announce_themselves_and_go_stale(store: &Store) {
     );
 }
 
-/// Waits until the database's clock has moved past `t` (a flush stamped after a read began must
-/// not share its millisecond): polled, with a deadline.
-async fn clock_past(store: &Store, t: u64) -> u64 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let now = store.clock_ms().await.unwrap();
-        if now > t {
-            return now;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the database clock stands still"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+/// The cells `region` reads with a sync of changes after `cursor`.
+async fn changed(store: &Store, region: &Region, now: u64, cursor: u64) -> Vec<SyncRow> {
+    store
+        .sync_cells(region, now, SyncRead::After(cursor))
+        .await
+        .unwrap()
+        .0
 }
 
 async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_other(store: &Store) {
@@ -326,59 +318,233 @@ async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_oth
         t0.abs_diff(wall) < 60_000,
         "the database clock is Unix ms: {t0} vs {wall}"
     );
-    clock_past(store, t0).await;
-    assert_eq!(
-        store.sync(&ap, NOW).await.unwrap().len(),
-        201,
-        "a full sync reads every cell"
-    );
+    let (all, c0) = store.sync_cells(&ap, NOW, SyncRead::Full).await.unwrap();
+    assert_eq!(all.len(), 201, "a full sync reads every cell");
+    assert_eq!(c0, Some(2), "two flushes, two stamps, none in flight");
+    let c0 = 2;
     assert!(
-        store.sync_changed(&ap, NOW, t0).await.unwrap().is_empty(),
+        changed(store, &ap, NOW, c0).await.is_empty(),
         "nothing written since"
     );
     // One region writes one cell: the sync reads that cell, with every region's component.
     store.flush(&eu, &[row("busy", 5)]).await.unwrap();
-    let changed = store.sync_changed(&ap, NOW, t0).await.unwrap();
-    assert_eq!(changed.len(), 1, "{changed:?}");
-    assert_eq!(changed[0].key.as_ref().identifier(), "busy");
-    assert_eq!((changed[0].own, changed[0].foreign), (0, 35));
-    let by_us = store.sync_changed(&us, NOW, t0).await.unwrap();
+    let (rows, c1) = store
+        .sync_cells(&ap, NOW, SyncRead::After(c0))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].key.as_ref().identifier(), "busy");
+    assert_eq!((rows[0].own, rows[0].foreign), (0, 35));
+    assert_eq!(c1, Some(c0 + 1), "the cursor moves to the stamp read");
+    let by_us = changed(store, &us, NOW, c0).await;
     assert_eq!((by_us[0].own, by_us[0].foreign), (30, 5));
     // A write that changes no count still stamps the row: it is read again (harmless: sums
     // merge by maximum).
-    let t1 = clock_past(store, store.clock_ms().await.unwrap()).await;
     store.flush(&eu, &[row("quiet-7", 3)]).await.unwrap();
-    let changed = store.sync_changed(&ap, NOW, t1 - 1).await.unwrap();
-    assert_eq!(changed.len(), 1, "{changed:?}");
-    assert_eq!(changed[0].key.as_ref().identifier(), "quiet-7");
+    let rows = changed(store, &ap, NOW, c0 + 1).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].key.as_ref().identifier(), "quiet-7");
     // Expired cells are not read, changed or not.
     let later = WindowDuration::from_ms(60_000)
         .unwrap()
         .expires_at(row("busy", 0).sequence);
-    assert!(store.sync_changed(&ap, later, t0).await.unwrap().is_empty());
-    // One statement brings the database's clock with the rows (what the next sync reads
-    // changes against): at or after the last write, at or before a clock read after it; no
-    // clock when no row came back.
-    let t2 = clock_past(store, store.clock_ms().await.unwrap()).await;
-    store.flush(&us, &[row("busy", 31)]).await.unwrap();
-    let (rows, db_now) = store
-        .sync_cells(&ap, NOW, SyncRead::Since(t2 - 1))
+    assert!(changed(store, &ap, later, c0).await.is_empty());
+    // No cursor when no row came back: the next read starts where this one did.
+    let (none, no_cursor) = store
+        .sync_cells(&ap, NOW, SyncRead::After(c0 + 100))
         .await
         .unwrap();
-    let after = store.clock_ms().await.unwrap();
+    assert!(
+        none.is_empty() && no_cursor.is_none(),
+        "{none:?} {no_cursor:?}"
+    );
+}
+
+fn eu_us_ap() -> (Region, Region, Region) {
+    (
+        Region::new("eu").unwrap(),
+        Region::new("us").unwrap(),
+        Region::new("ap").unwrap(),
+    )
+}
+
+/// The MariaDB pool of a store made by `Fresh::mariadb`.
+fn pool(store: &Store) -> &sqlx::MySqlPool {
+    match store {
+        Store::MySql(p) => p,
+        Store::Sqlite(_) => panic!("a MariaDB store"),
+    }
+}
+
+/// Waits until `n` flushes are registered (in flight), polled with a deadline.
+async fn registered(store: &Store, n: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ratelimit_flushers")
+            .fetch_one(pool(store))
+            .await
+            .unwrap();
+        if now == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{now} flushes registered, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A session that holds eu's row of `id` locked (as a slow transaction on it would), so that
+/// eu's next flush of `id` waits inside its transaction, registered and stamped.
+async fn hold_row(store: &Store, id: &str) -> sqlx::Transaction<'static, sqlx::MySql> {
+    // By primary key: a locking read through a scan would lock every row it passed.
+    let pk: u64 = sqlx::query_scalar(
+        "SELECT pk FROM ratelimit_window_counts WHERE identifier = ? AND region = 'eu'",
+    )
+    .bind(id)
+    .fetch_one(pool(store))
+    .await
+    .unwrap();
+    let mut holder = pool(store).begin().await.unwrap();
+    sqlx::query("SELECT count FROM ratelimit_window_counts WHERE pk = ? FOR UPDATE")
+        .bind(pk)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
+/// No count a region flushed is missed by another region's sync of changes, however late the
+/// flush commits: eu's flush waits on a lock for 3 s (longer than any re-read overlap a clock
+/// stamp would need) while us flushes and ap syncs again and again; ap's cursor stays below eu's
+/// stamp, and its first sync after eu commits reads eu's count.
+#[tokio::test]
+async fn a_flush_that_commits_late_is_read_by_the_next_sync_of_changes() {
+    let f = Fresh::mariadb().await;
+    let store = &f.store;
+    store.migrate().await.unwrap();
+    let (eu, us, ap) = eu_us_ap();
+    store.flush(&eu, &[row("late", 1)]).await.unwrap();
+    store.flush(&us, &[row("other", 1)]).await.unwrap();
+    let mut cursor = store
+        .sync_cells(&ap, NOW, SyncRead::Full)
+        .await
+        .unwrap()
+        .1
+        .unwrap();
+    let holder = hold_row(store, "late").await;
+    let late = tokio::spawn({
+        let (store, eu) = (store.clone(), eu.clone());
+        async move { store.flush(&eu, &[row("late", 9)]).await }
+    });
+    registered(store, 1).await;
+    let held_from = std::time::Instant::now();
+    let mut other = 1;
+    // The lock is held for 3 s of us's flushes and ap's syncs (the fault's length, not a wait).
+    while held_from.elapsed() < Duration::from_secs(3) {
+        other += 1;
+        store.flush(&us, &[row("other", other)]).await.unwrap();
+        let (rows, c) = store
+            .sync_cells(&ap, NOW, SyncRead::After(cursor))
+            .await
+            .unwrap();
+        let seen = rows
+            .iter()
+            .find(|r| r.key.as_ref().identifier() == "other")
+            .map(|r| r.foreign);
+        assert_eq!(seen, Some(other), "us's flush: {rows:?}");
+        cursor = cursor.max(c.unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!late.is_finished(), "eu's flush was held");
+    holder.commit().await.unwrap();
+    assert_eq!(late.await.unwrap().unwrap(), 1);
+    let rows = changed(store, &ap, NOW, cursor).await;
+    let late = rows.iter().find(|r| r.key.as_ref().identifier() == "late");
+    assert_eq!(
+        late.map(|r| r.foreign),
+        Some(9),
+        "eu's late flush, read after {other} flushes of us: {rows:?}"
+    );
+    f.done().await;
+}
+
+/// A flusher that died registered holds every cursor below its stamp until a gateway deletes
+/// the stale registration; a flush still running when its registration goes rolls back (it
+/// could commit behind a cursor), and the next flush writes its rows.
+#[tokio::test]
+async fn a_stale_registration_is_deleted_and_a_flush_taken_for_dead_rolls_back() {
+    let f = Fresh::mariadb().await;
+    let store = &f.store;
+    store.migrate().await.unwrap();
+    let (eu, us, ap) = eu_us_ap();
+    store.flush(&eu, &[row("held", 1)]).await.unwrap();
+    let cursor = store
+        .sync_cells(&ap, NOW, SyncRead::Full)
+        .await
+        .unwrap()
+        .1
+        .unwrap();
+    // A flusher that registered at stamp 1, long ago, and died.
+    sqlx::query("INSERT INTO ratelimit_flushers (flusher, low, since) VALUES ('dead', 1, 0)")
+        .execute(pool(store))
+        .await
+        .unwrap();
+    assert_eq!(store.clear_stale_flushes().await.unwrap(), 1);
+    sqlx::query(
+        "INSERT INTO ratelimit_flushers (flusher, low, since) \
+         VALUES ('dead', 1, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS UNSIGNED))",
+    )
+    .execute(pool(store))
+    .await
+    .unwrap();
+    store.flush(&us, &[row("x", 4)]).await.unwrap();
+    let (rows, c) = store
+        .sync_cells(&ap, NOW, SyncRead::After(cursor))
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert!(
-        db_now.is_some_and(|t| t >= t2 && t <= after),
-        "{db_now:?} in {t2}..={after}"
+    assert_eq!(c, Some(1), "held at the registration's low");
+    assert_eq!(
+        store.clear_stale_flushes().await.unwrap(),
+        0,
+        "a fresh registration stays"
     );
-    let (none, no_clock) = store
-        .sync_cells(&ap, NOW, SyncRead::Since(after + 60_000))
+    sqlx::query("DELETE FROM ratelimit_flushers WHERE flusher = 'dead'")
+        .execute(pool(store))
         .await
         .unwrap();
-    assert!(
-        none.is_empty() && no_clock.is_none(),
-        "{none:?} {no_clock:?}"
+
+    // eu's flush waits on a lock, registered; its registration is taken for dead meanwhile.
+    let holder = hold_row(store, "held").await;
+    let slow = tokio::spawn({
+        let (store, eu) = (store.clone(), eu.clone());
+        async move { store.flush(&eu, &[row("held", 7)]).await }
+    });
+    registered(store, 1).await;
+    sqlx::query("UPDATE ratelimit_flushers SET since = 0")
+        .execute(pool(store))
+        .await
+        .unwrap();
+    assert_eq!(store.clear_stale_flushes().await.unwrap(), 1);
+    holder.commit().await.unwrap();
+    let err = slow.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("rolled back"), "{err}");
+    let count = |rows: Vec<SyncRow>| {
+        rows.iter()
+            .find(|r| r.key.as_ref().identifier() == "held")
+            .map(|r| r.foreign)
+    };
+    assert_eq!(
+        count(store.sync(&ap, NOW).await.unwrap()),
+        Some(1),
+        "nothing of the rolled-back flush"
     );
+    store.flush(&eu, &[row("held", 7)]).await.unwrap();
+    assert_eq!(count(store.sync(&ap, NOW).await.unwrap()), Some(7));
+    registered(store, 0).await;
+    f.done().await;
 }
 
 fn stack_now() -> u64 {

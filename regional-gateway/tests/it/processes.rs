@@ -104,6 +104,154 @@ async fn another_region_sees_usage_within_a_flush_and_a_sync() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// No count a region flushed is missed by another region's sync, however late the flush
+/// commits, across processes: three region gateways on one MariaDB database; a session holds
+/// eu's row of a key locked for 3 s (longer than the 2 s re-read of older builds, whose next
+/// look was their full read a minute on) while eu's next flush of it waits and us's flushes go
+/// on; once the lock goes, ap sees eu's count within a flush and a sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_that_commits_late_is_seen_by_another_region() {
+    use common::mariadb::SharedDatabase;
+    const HOUR: u64 = 3_600_000;
+    let db = SharedDatabase::create(&format!("strata_late_flush_{}", std::process::id())).await;
+    let url = db.url();
+    let http = reqwest::Client::new();
+    let start = |region: &str| {
+        GatewayProcess::start(&[
+            "--region",
+            region,
+            "--database-url",
+            &url,
+            "--flush-interval",
+            "200ms",
+            "--sync-interval",
+            "200ms",
+        ])
+    };
+    let (mut eu, mut us, mut ap) = (start("eu"), start("us"), start("ap"));
+    for g in [&mut eu, &mut us, &mut ap] {
+        g.ready(&http).await;
+    }
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let id = common::fresh("a-late");
+    let limit = json!({"namespace":"api","identifier":id,"limit":100,"duration":HOUR});
+    let seq = strata_gateway::clock::Clock::system().now_ms() / HOUR;
+    let cell =
+        json!({"cells":[{"namespace":"api","identifier":id,"duration":HOUR,"sequence":seq}]});
+    let admit = |n: usize| {
+        let (http, url, limit) = (
+            http.clone(),
+            format!("{}/v1/ratelimit", eu.base),
+            limit.clone(),
+        );
+        async move {
+            for _ in 0..n {
+                assert_eq!(
+                    post(&http, url.clone(), limit.clone()).await["success"],
+                    true
+                );
+            }
+        }
+    };
+    admit(30).await;
+    let since = Instant::now();
+    until_global(
+        &http,
+        &ap.base,
+        &cell,
+        30,
+        since,
+        Duration::from_secs(10),
+        "ap: eu's 30",
+    )
+    .await;
+
+    // By primary key: a locking read through a scan would lock every row it passed.
+    let pk: u64 = sqlx::query_scalar(
+        "SELECT pk FROM ratelimit_window_counts WHERE identifier = ? AND region = 'eu'",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT count FROM ratelimit_window_counts WHERE pk = ? FOR UPDATE")
+        .bind(pk)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    admit(20).await;
+    // eu's flush of the 20 registers, takes its stamp and waits on the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM ratelimit_flushers WHERE flusher LIKE 'eu/%'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "eu's flush never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // us's flushes go on meanwhile, and ap syncs them: its reads move on past eu's stamp's time.
+    // Sorted after eu's key: eu's waiting upsert holds the unique index's gap before its row,
+    // which would hold an insert there too (InnoDB's next-key lock), whatever the flush design.
+    let busy = common::fresh("z-busy");
+    let other = json!({"namespace":"api","identifier":busy,"limit":2_000,"duration":HOUR});
+    let other_cell =
+        json!({"cells":[{"namespace":"api","identifier":busy,"duration":HOUR,"sequence":seq}]});
+    let held = Instant::now();
+    let mut admitted = 0_u64;
+    while held.elapsed() < Duration::from_secs(3) {
+        for _ in 0..50 {
+            let r = post(&http, format!("{}/v1/ratelimit", us.base), other.clone()).await;
+            admitted += u64::from(r["success"] == true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        admitted >= 400,
+        "us's key past its floor of 400: {admitted}"
+    );
+    let since = Instant::now();
+    until_global(
+        &http,
+        &ap.base,
+        &other_cell,
+        admitted,
+        since,
+        Duration::from_secs(10),
+        "ap: us's",
+    )
+    .await;
+    assert_eq!(
+        post(&http, format!("{}/v1/origin/read", ap.base), cell.clone()).await["cells"][0]["global"],
+        30,
+        "eu's late flush is not committed yet"
+    );
+    holder.commit().await.unwrap();
+    let released = Instant::now();
+    until_global(
+        &http,
+        &ap.base,
+        &cell,
+        50,
+        released,
+        Duration::from_secs(5),
+        "ap: eu's flush that committed 3 s late",
+    )
+    .await;
+    println!(
+        "eu's late flush seen by ap {:?} after it committed",
+        released.elapsed()
+    );
+    drop((eu, us, ap));
+    pool.close().await;
+    db.drop().await;
+}
+
 /// The publish floor shared by the regions, across processes: three region processes on one
 /// SQLite file, at their default cadences, announce themselves; then two requests in one
 /// region (a third of the 20% floor of a limit of 30, where the floor of one region alone

@@ -8,6 +8,7 @@
 #   idle   no load at all (what the gateways read for nothing changing);
 #   busy   the load runs over all KEYS keys (most cells change every second);
 #   quiet  the load runs over the first QUIET_KEYS keys only (KEYS cells stay live, few change).
+# PHASES names the ones to run, in order (default "idle busy quiet").
 # For each phase: SQL rows read and written per second (MariaDB's Handler_read_* and Handler_write +
 # Handler_update over the phase, divided by the gateways), syncs and the cells they returned per gateway per second, and a
 # sync's mean duration (strata_global_sync_seconds / strata_global_syncs_total). SYNC_FULL sets
@@ -29,6 +30,7 @@ WARM=${WARM:-60}
 PHASE=${PHASE:-20}
 SYNC_FULL=${SYNC_FULL:-1h}
 SEED=${SEED:-0}
+PHASES=${PHASES:-idle busy quiet}
 gateway="$CARGO_TARGET_DIR/release/strata-gateway"
 loadgen="$CARGO_TARGET_DIR/release/examples/loadgen"
 require_built "run the build line above" "$gateway" "$loadgen"
@@ -46,7 +48,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 mysql -uroot -h127.0.0.1 -e "CREATE DATABASE $db"
 if [ "$SEED" -gt 0 ]; then
-  "$gateway" migrate --database-url "mysql://root@127.0.0.1:3306/$db" >/dev/null
+  "$gateway" --database-url "mysql://root@127.0.0.1:3306/$db" migrate >/dev/null
   # An hour's window of the current hour, live for two (WindowDuration::expires_at), from
   # MariaDB's sequence engine.
   mysql -uroot -h127.0.0.1 "$db" -e "
@@ -113,11 +115,25 @@ phase() {
       printf "  %-6s load over %6d keys, %6d rows in the table: per gateway per second: SQL rows read %9.0f, written %7.0f; syncs %.2f (full %.2f), cells returned %8.0f; a sync %.1f ms\n",
         name, keys, live, dr / p / n, dw / p / n, ds / p / n, df / p / n, dc / p / n, (ds > 0 ? 1000 * dt / ds : 0)
     }'
-  cat "$work"/load-*.txt 2>/dev/null | sed 's/^/      /'
+  if [ "$keys" -gt 0 ]; then sed 's/^/      /' "$work"/load-*.txt; fi
 }
 
+# Every gateway's first sync reads every live row (seconds at a million): measured phases start
+# after it, so that the idle phase measures what a running gateway reads.
+deadline=$((SECONDS + 600))
+for r in "${regions[@]}"; do
+  until curl -s "127.0.0.1:${port[$r]}/metrics" | awk '/^strata_global_full_syncs_total / {f=$2} END {exit !(f >= 1)}'; do
+    [ "$SECONDS" -lt "$deadline" ] || { echo "$r made no full sync within 600 s" >&2; exit 1; }
+    sleep 1
+  done
+done
 echo "Three regions on MariaDB, $KEYS keys, --sync-full-interval $SYNC_FULL; warming up for ${WARM}s"
 load "$KEYS" "$WARM"
-phase idle 0
-phase busy "$KEYS"
-phase quiet "$QUIET_KEYS"
+for p in $PHASES; do
+  case $p in
+    idle) phase idle 0 ;;
+    busy) phase busy "$KEYS" ;;
+    quiet) phase quiet "$QUIET_KEYS" ;;
+    *) echo "PHASES: idle, busy or quiet, not $p" >&2; exit 2 ;;
+  esac
+done

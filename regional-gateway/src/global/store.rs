@@ -4,7 +4,7 @@
 
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
-use sqlx::{MySql, QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 use std::str::FromStr;
 use std::time::Duration;
 use strata_core::gcounter::FlushRow;
@@ -122,6 +122,117 @@ pub fn create_sqlite_dir(url: &str) -> Result<(), String> {
     }
 }
 
+/// Bytes of SQL one call of a MySQL flush carries at most: far under the 16 MiB (MariaDB) and
+/// 64 MiB (MySQL) default `max_allowed_packet`.
+const FLUSH_CALL_BYTES: usize = 4 << 20;
+
+/// [`Store::flush`] on MySQL, in one round trip for up to a few thousand rows (across regions a
+/// round trip is 50-150 ms): a text call of several statements that registers the flush
+/// (committed), takes its stamp (committed after it, so above the registration's `low`), begins
+/// the transaction and locks the registration for it (a gateway deleting stale registrations
+/// passes over it), writes the rows with the stamp, deletes the registration, and commits only
+/// if the registration was still there to delete (else the guard's duplicate key stops the
+/// call, and the transaction is rolled back: a gateway took the flush for dead before it
+/// began). Every value is a literal no input can break out of: identities as hex, numbers, and
+/// a region of `[A-Za-z0-9._-]`.
+async fn flush_mysql(
+    pool: &MySqlPool,
+    region: &Region,
+    rows: &[FlushRow],
+) -> Result<u64, StoreError> {
+    use std::fmt::Write as _;
+    let flusher = format!("'{}/{:032x}'", region.as_str(), rand::random::<u128>());
+    let mut statements = vec![
+        format!(
+            "INSERT INTO ratelimit_flushers (flusher, low, since) \
+             SELECT {flusher}, v, {MYSQL_NOW_MS} FROM ratelimit_stamp WHERE id = 1"
+        ),
+        "UPDATE ratelimit_stamp SET v = LAST_INSERT_ID(v + 1) WHERE id = 1".to_string(),
+        "SET @strata_stamp = LAST_INSERT_ID()".to_string(),
+        "START TRANSACTION".to_string(),
+        format!("SELECT COUNT(*) FROM ratelimit_flushers WHERE flusher = {flusher} FOR UPDATE"),
+    ];
+    let hex = |bytes: &[u8]| {
+        let mut text = String::with_capacity(3 + 2 * bytes.len());
+        text.push_str("X'");
+        for b in bytes {
+            let _ = write!(text, "{b:02x}");
+        }
+        text.push('\'');
+        text
+    };
+    for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
+        let mut sql = String::from(
+            "INSERT INTO ratelimit_window_counts (workspace_id, namespace, identifier, \
+             duration_ms, sequence, region, count, expires_at, updated_at, stamp) VALUES ",
+        );
+        for (i, r) in chunk.iter().enumerate() {
+            let k = r.key.as_ref();
+            let _ = write!(
+                sql,
+                "{}({}, {}, {}, {}, {}, '{}', {}, {}, {MYSQL_NOW_MS}, @strata_stamp)",
+                if i == 0 { "" } else { ", " },
+                hex(k.workspace().as_bytes()),
+                hex(k.namespace().as_bytes()),
+                hex(k.identifier().as_bytes()),
+                k.duration().as_ms(),
+                signed(r.sequence),
+                region.as_str(),
+                r.count,
+                r.expires_at,
+            );
+        }
+        sql.push_str(
+            " ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), \
+             updated_at = VALUES(updated_at), stamp = VALUES(stamp)",
+        );
+        statements.push(sql);
+    }
+    statements.push(format!(
+        "DELETE FROM ratelimit_flushers WHERE flusher = {flusher}"
+    ));
+    statements.push(
+        "INSERT INTO ratelimit_stamp (id, v) SELECT 1, 0 FROM DUAL WHERE ROW_COUNT() = 0"
+            .to_string(),
+    );
+    statements.push("COMMIT".to_string());
+
+    let mut calls: Vec<String> = Vec::new();
+    for statement in statements {
+        match calls.last_mut() {
+            Some(call) if call.len() + statement.len() < FLUSH_CALL_BYTES => {
+                call.push_str("; ");
+                call.push_str(&statement);
+            }
+            _ => calls.push(statement),
+        }
+    }
+    let mut conn = pool.acquire().await.map_err(query)?;
+    for call in &calls {
+        // A text query without arguments: several statements in one call.
+        if let Err(e) = sqlx::Executor::execute(&mut *conn, call.as_str()).await {
+            // The transaction may be open: roll it back, or close the connection rather than
+            // give it back to the pool inside one.
+            if sqlx::Executor::execute(&mut *conn, "ROLLBACK")
+                .await
+                .is_err()
+            {
+                conn.close_on_drop();
+            }
+            let text = e.to_string();
+            return Err(StoreError::Query(if text.contains("Duplicate entry '1'") {
+                format!(
+                    "another gateway took this flush for dead (registered over {STALE_FLUSH_MS} \
+                     ms before it began): rolled back, the next flush writes its rows"
+                )
+            } else {
+                text
+            }));
+        }
+    }
+    Ok(rows.len() as u64)
+}
+
 impl Store {
     /// Connects (lazily: the gateway starts even if the database is down) to `mysql://…` or
     /// `sqlite://…` (the SQLite file is created if missing).
@@ -228,74 +339,15 @@ impl Store {
     /// (unique-key order, so concurrent flushers lock rows alike), in bounded chunks, as one
     /// transaction whose rows carry one stamp that no sync can pass before the transaction ends
     /// (migration 0005 says how). MySQL: the flush registers, takes its stamp, then writes in a
-    /// transaction that deletes its registration (and rolls back if another gateway deleted it
-    /// as stale); SQLite: the stamp is taken inside the write transaction, which SQLite runs one
-    /// at a time. Returns the rows written.
+    /// transaction that holds its registration locked and deletes it ([`flush_mysql`]); SQLite:
+    /// the stamp is taken inside the write transaction, which SQLite runs one at a time.
+    /// Returns the rows written.
     pub async fn flush(&self, region: &Region, rows: &[FlushRow]) -> Result<u64, StoreError> {
-        use sqlx::Connection;
         let head = "INSERT INTO ratelimit_window_counts \
             (workspace_id, namespace, identifier, duration_ms, sequence, region, count, expires_at, updated_at, stamp) ";
         let mut written = 0;
         match self {
-            Store::MySql(p) => {
-                let mut conn = p.acquire().await.map_err(query)?;
-                let flusher = format!("{}/{:032x}", region.as_str(), rand::random::<u128>());
-                sqlx::query(&format!(
-                    "INSERT INTO ratelimit_flushers (flusher, low, since) \
-                     SELECT ?, v, {MYSQL_NOW_MS} FROM ratelimit_stamp WHERE id = 1"
-                ))
-                .bind(&flusher)
-                .execute(&mut *conn)
-                .await
-                .map_err(query)?;
-                // Taken after the registration committed: above its `low`, so every sync that
-                // could see this stamp's rows missing also sees the registration.
-                let stamp = sqlx::query(
-                    "UPDATE ratelimit_stamp SET v = LAST_INSERT_ID(v + 1) WHERE id = 1",
-                )
-                .execute(&mut *conn)
-                .await
-                .map_err(query)?
-                .last_insert_id();
-                let mut tx = conn.begin().await.map_err(query)?;
-                for chunk in rows.chunks(FLUSH_CHUNK_ROWS) {
-                    let mut q = QueryBuilder::<MySql>::new(head);
-                    q.push_values(chunk, |mut b, r| {
-                        let k = r.key.as_ref();
-                        b.push_bind(k.workspace())
-                            .push_bind(k.namespace())
-                            .push_bind(k.identifier())
-                            .push_bind(k.duration().as_ms())
-                            .push_bind(signed(r.sequence))
-                            .push_bind(region.as_str())
-                            .push_bind(r.count)
-                            .push_bind(r.expires_at)
-                            .push(MYSQL_NOW_MS)
-                            .push_bind(stamp);
-                    });
-                    q.push(
-                        " ON DUPLICATE KEY UPDATE count = GREATEST(count, VALUES(count)), \
-                         updated_at = VALUES(updated_at), stamp = VALUES(stamp)",
-                    );
-                    q.build().execute(&mut *tx).await.map_err(query)?;
-                    written += chunk.len() as u64;
-                }
-                let registered = sqlx::query("DELETE FROM ratelimit_flushers WHERE flusher = ?")
-                    .bind(&flusher)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(query)?
-                    .rows_affected();
-                if registered != 1 {
-                    // Taken for dead: a sync may have passed this stamp already.
-                    tx.rollback().await.map_err(query)?;
-                    return Err(StoreError::Query(format!(
-                        "the flush ran past {STALE_FLUSH_MS} ms and another gateway took it for \
-                         dead: rolled back, the next flush writes its rows"
-                    )));
-                }
-                tx.commit().await.map_err(query)?;
-            }
+            Store::MySql(p) => written = flush_mysql(p, region, rows).await?,
             Store::Sqlite(p) => {
                 let mut tx = p.begin().await.map_err(query)?;
                 let stamp: i64 = sqlx::query_scalar(
@@ -334,19 +386,35 @@ impl Store {
     }
 
     /// Deletes the registrations of flushes older than [`STALE_FLUSH_MS`] (the database's
-    /// clock): a flusher that died leaves one, which would hold every sync's cursor below its
-    /// stamp for good. A flush still running when its registration goes rolls back, so nothing
-    /// it writes commits behind a cursor. Returns how many it deleted.
+    /// clock) that no running flush holds locked: a flusher that died leaves one, which would
+    /// hold every sync's cursor below its stamp for good. A flush that registered but had not
+    /// locked its registration yet stops when it finds it gone, so nothing commits behind a
+    /// cursor. Returns how many it deleted.
     pub async fn clear_stale_flushes(&self) -> Result<u64, StoreError> {
         match self {
-            Store::MySql(p) => Ok(sqlx::query(&format!(
-                "DELETE FROM ratelimit_flushers WHERE since < {MYSQL_NOW_MS} - ?"
-            ))
-            .bind(STALE_FLUSH_MS)
-            .execute(p)
-            .await
-            .map_err(query)?
-            .rows_affected()),
+            Store::MySql(p) => {
+                use sqlx::Connection;
+                let mut conn = p.acquire().await.map_err(query)?;
+                let mut tx = conn.begin().await.map_err(query)?;
+                // A registration a running flush holds locked is skipped, never waited on.
+                let stale: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
+                    "SELECT flusher FROM ratelimit_flushers WHERE since < {MYSQL_NOW_MS} - ? \
+                     FOR UPDATE SKIP LOCKED"
+                ))
+                .bind(STALE_FLUSH_MS)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(query)?;
+                for name in &stale {
+                    sqlx::query("DELETE FROM ratelimit_flushers WHERE flusher = ?")
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(query)?;
+                }
+                tx.commit().await.map_err(query)?;
+                Ok(stale.len() as u64)
+            }
             // No registrations: SQLite's stamps are in commit order.
             Store::Sqlite(_) => Ok(0),
         }

@@ -552,6 +552,50 @@ async fn a_stale_registration_is_deleted_and_a_running_flush_is_not_waited_on() 
     f.done().await;
 }
 
+/// A flush whose registration a gateway deleted as stale before the flush locked it (here: the
+/// flush waits between registering and taking its stamp, and its registration is made old)
+/// writes nothing: its call stops before the commit, and the next flush writes the rows.
+#[tokio::test]
+async fn a_flush_taken_for_dead_before_it_began_commits_nothing() {
+    let f = Fresh::mariadb().await;
+    let store = &f.store;
+    store.migrate().await.unwrap();
+    let (eu, _, ap) = eu_us_ap();
+    store.flush(&eu, &[row("k", 1)]).await.unwrap();
+    // A shared lock on the counter: a registration reads it, a stamp must wait.
+    let mut holder = pool(store).begin().await.unwrap();
+    sqlx::query("SELECT v FROM ratelimit_stamp WHERE id = 1 LOCK IN SHARE MODE")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let slow = tokio::spawn({
+        let (store, eu) = (store.clone(), eu.clone());
+        async move { store.flush(&eu, &[row("k", 6)]).await }
+    });
+    registered(store, 1).await;
+    sqlx::query("UPDATE ratelimit_flushers SET since = 0")
+        .execute(pool(store))
+        .await
+        .unwrap();
+    assert_eq!(store.clear_stale_flushes().await.unwrap(), 1);
+    holder.commit().await.unwrap();
+    let err = slow.await.unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("took this flush for dead"),
+        "{err}"
+    );
+    let count = |rows: Vec<SyncRow>| rows.first().map(|r| r.foreign);
+    assert_eq!(
+        count(store.sync(&ap, NOW).await.unwrap()),
+        Some(1),
+        "nothing of it"
+    );
+    store.flush(&eu, &[row("k", 6)]).await.unwrap();
+    assert_eq!(count(store.sync(&ap, NOW).await.unwrap()), Some(6));
+    registered(store, 0).await;
+    f.done().await;
+}
+
 fn stack_now() -> u64 {
     u64::try_from(
         std::time::SystemTime::now()

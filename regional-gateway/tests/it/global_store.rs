@@ -360,6 +360,16 @@ async fn a_sync_of_changes_reads_every_row_of_the_cells_written_since_and_no_oth
     );
 }
 
+/// The cursor a full read by `region` returns (the table holds rows).
+async fn full_read_cursor(store: &Store, region: &Region) -> u64 {
+    store
+        .sync_cells(region, NOW, SyncRead::Full)
+        .await
+        .unwrap()
+        .1
+        .expect("a cursor: the table holds rows")
+}
+
 fn eu_us_ap() -> (Region, Region, Region) {
     (
         Region::new("eu").unwrap(),
@@ -427,12 +437,7 @@ async fn a_flush_that_commits_late_is_read_by_the_next_sync_of_changes() {
     let (eu, us, ap) = eu_us_ap();
     store.flush(&eu, &[row("late", 1)]).await.unwrap();
     store.flush(&us, &[row("other", 1)]).await.unwrap();
-    let mut cursor = store
-        .sync_cells(&ap, NOW, SyncRead::Full)
-        .await
-        .unwrap()
-        .1
-        .unwrap();
+    let mut cursor = full_read_cursor(store, &ap).await;
     let holder = hold_row(store, "late").await;
     let late = tokio::spawn({
         let (store, eu) = (store.clone(), eu.clone());
@@ -480,12 +485,7 @@ async fn a_stale_registration_is_deleted_and_a_running_flush_is_not_waited_on() 
     store.migrate().await.unwrap();
     let (eu, us, ap) = eu_us_ap();
     store.flush(&eu, &[row("held", 1)]).await.unwrap();
-    let cursor = store
-        .sync_cells(&ap, NOW, SyncRead::Full)
-        .await
-        .unwrap()
-        .1
-        .unwrap();
+    let cursor = full_read_cursor(store, &ap).await;
     let register = |since: &str| {
         format!("INSERT INTO ratelimit_flushers (flusher, low, since) VALUES ('dead', 1, {since})")
     };

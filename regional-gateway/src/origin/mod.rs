@@ -199,23 +199,29 @@ impl OriginClient {
         self.call("read", self.origin.read(cells, now_ms)).await
     }
 
-    /// See [`Origin::replay`].
+    /// See [`Origin::replay`]: bounded by [`replay_timeout`](Self::replay_timeout), as a
+    /// Wasm shell bounds the replay it sends here.
     pub async fn replay(
         &self,
         instance: &str,
         cells: &[CellUsed<'_>],
         now_ms: u64,
     ) -> Result<Vec<Option<Replayed>>, OriginError> {
-        self.call(
-            "replay",
-            self.origin.replay(instance, cells, now_ms, self.lease_ms),
-        )
-        .await
+        let replay = self.origin.replay(instance, cells, now_ms, self.lease_ms);
+        let bound = self.replay_timeout();
+        self.bounded("replay", replay, bound, bound).await
     }
 
     /// How long a call may take before it counts as failed.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long a replay may take: the core's bound for a replay where a decision may take
+    /// the timeout ([`strata_core::driver::replay_timeout_ms`]).
+    pub fn replay_timeout(&self) -> Duration {
+        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(strata_core::driver::replay_timeout_ms(timeout_ms))
     }
 
     /// How long the leases this origin grants may be used.
@@ -244,7 +250,8 @@ impl OriginClient {
         bound: Duration,
     ) -> Result<DecideAnswer, OriginError> {
         let decide = self.origin.decide(instance, limits, now_ms, self.lease_ms);
-        self.call_within("decide", decide, bound).await
+        self.bounded("decide", decide, bound.min(self.timeout), self.timeout)
+            .await
     }
 
     /// Drops expired cells held in process memory (the embedded origin), one step of a pass
@@ -276,19 +283,19 @@ impl OriginClient {
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, OriginError>>,
     ) -> Result<T, OriginError> {
-        self.call_within(op, fut, self.timeout).await
+        self.bounded(op, fut, self.timeout, self.timeout).await
     }
 
-    /// [`call`](Self::call) bounded by `bound` (at most the timeout). A call cut short by a
-    /// bound below the timeout fails as a timeout but does not move the breaker: it says
-    /// how little time its requests had left, not that the origin is down.
-    async fn call_within<T>(
+    /// [`call`](Self::call) bounded by `timeout`, where a call of its kind may take `full`. A
+    /// call cut short by a bound below that fails as a timeout but does not move the breaker:
+    /// it says how little time its requests had left, not that the origin is down.
+    async fn bounded<T>(
         &self,
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, OriginError>>,
-        bound: Duration,
+        timeout: Duration,
+        full: Duration,
     ) -> Result<T, OriginError> {
-        let timeout = bound.min(self.timeout);
         let started = Instant::now();
         if !self.breaker.allow(started) {
             self.metrics
@@ -302,7 +309,7 @@ impl OriginClient {
         // Only failures that say the origin may be down move the breaker: one poisoned cell
         // answered with an error must not send every other key to local fallback.
         let up = result.as_ref().map_or_else(|e| !e.is_transient(), |_| true);
-        let cut_short = timeout < self.timeout && matches!(result, Err(OriginError::Timeout(_)));
+        let cut_short = timeout < full && matches!(result, Err(OriginError::Timeout(_)));
         if !cut_short {
             self.breaker.record(up, Instant::now());
         }

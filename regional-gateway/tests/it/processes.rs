@@ -595,6 +595,77 @@ async fn requests_that_waited_on_a_late_call_answer_within_their_own_timeout() {
     common::conformance::late_answers("RLS", &key, rls.sends("late"), calls).await;
 }
 
+/// The conformance table's lost-answer row through a gateway process's HTTP API and its
+/// rate-limit service: the gateway's Redis answers every command [`LATE_DELAY`] late, past its
+/// `--origin-timeout` of [`LOST_TIMEOUT_MS`], so Redis counts each decision call while the
+/// failure mode (`local`) admits its request from memory, and the replay's undo of those calls
+/// leaves Redis counting each request once. The counts are read through a second gateway on
+/// Redis directly (the slow one's reads time out too).
+///
+/// [`LATE_DELAY`]: common::conformance::LATE_DELAY
+/// [`LOST_TIMEOUT_MS`]: common::conformance::LOST_TIMEOUT_MS
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_redis_answers_too_late_count_each_request_once() {
+    use common::conformance::{LATE_DELAY, LATE_LIMIT, LOST_TIMEOUT_MS, lost_answers_count_once};
+    let http = reqwest::Client::new();
+    let redis = RedisServer::start();
+    let tag = std::process::id();
+    // The reader's first decision loads Redis's decide script, so each of the slow gateway's
+    // decision calls is one late round trip (it finds the script), not a load and a retry.
+    let (_reader, reader) = start_gateway(&redis, &http).await;
+    let load = conformance_limit(http.clone(), reader.clone(), format!("load-{tag}"), 1);
+    assert!(load.await.unwrap());
+    let slow = common::slow::SlowProxy::start(redis.port, LATE_DELAY).await;
+    let url = format!("redis://127.0.0.1:{}", slow.port);
+    let timeout = format!("{LOST_TIMEOUT_MS}ms");
+    let config = RlsConfigFile::new("conformance-lost");
+    let (g, rls_listen) = config.gateway(&["--redis-url", &url, "--origin-timeout", &timeout]);
+    // Alive, not ready: its readiness probe, a Redis round trip, outlasts the timeout.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("{}/healthz", g.base))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "the gateway never came up");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let base = g.base.clone();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let today = u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000;
+    let count = |namespace: &'static str, identifier: String| {
+        let (http, reader) = (&http, &reader);
+        move || {
+            let identifier = identifier.clone();
+            async move {
+                let read = common::process::read_count(
+                    http,
+                    reader,
+                    namespace,
+                    &identifier,
+                    86_400_000,
+                    today,
+                );
+                read.await.unwrap_or(0)
+            }
+        }
+    };
+    let calls = || common::process::decide_calls(&http, &base);
+    let send = {
+        let (http, base) = (http.clone(), base.clone());
+        move |key| conformance_limit(http.clone(), base.clone(), key, LATE_LIMIT)
+    };
+    let key = format!("lost-{tag}");
+    let counted = count("conformance", key.clone());
+    lost_answers_count_once("gateway", &key, send, calls, counted).await;
+    // The same row through the rate-limit service: its descriptor `late=<value>` is the key.
+    let rls = common::rls::RlsClient::new(&rls_listen);
+    let value = format!("rls-lost-{tag}");
+    let counted = count(common::rls::DOMAIN, format!("late={value}"));
+    lost_answers_count_once("RLS", &value, rls.sends("late"), calls, counted).await;
+}
+
 /// The gateway's replay backs off while its Redis is away, by the core's rule the Wasm shells
 /// follow too (`replay_backoff`: the interval, doubling, at most 5 s): over 3 s of outage with
 /// a 100 ms interval it tries a handful of times, not thirty; once Redis is back, what it

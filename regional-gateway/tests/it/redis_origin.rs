@@ -738,7 +738,9 @@ async fn poisoned_cells_do_not_open_the_breaker_for_everyone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_that_timed_out_mid_apply_counts_once() {
     let redis = RedisServer::start();
-    let g = on_redis(&redis).await; // a 250 ms origin timeout
+    // A 250 ms origin timeout: a replay may take 1 s (`OriginClient::replay_timeout`), which
+    // the stall outlasts.
+    let g = on_redis(&redis).await;
     let limiter = &g.gateway.limiter;
     for _ in 0..5 {
         assert!(decide(&g.gateway, "stalled", 100).await);
@@ -748,7 +750,7 @@ async fn a_replay_that_timed_out_mid_apply_counts_once() {
         1,
         "local passes under the lease, not replayed yet"
     );
-    let mut stall = redis.stall("0.6");
+    let mut stall = redis.stall("1.3");
     assert!(!limiter.replay_once().await, "timed out");
     stall.wait().unwrap();
     let seq = T0 / 60_000;

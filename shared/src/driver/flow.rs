@@ -49,11 +49,17 @@ pub struct FlowConfig {
 }
 
 impl FlowConfig {
-    /// How long a replay batch may take: the timeout, and at least
-    /// [`MIN_REPLAY_TIMEOUT_MS`] (a batch is bigger than a decision, and nothing waits on it).
+    /// How long a replay batch may take: [`replay_timeout_ms`] of the timeout.
     pub fn replay_timeout_ms(&self) -> u64 {
-        self.timeout_ms.max(MIN_REPLAY_TIMEOUT_MS)
+        replay_timeout_ms(self.timeout_ms)
     }
+}
+
+/// How long a replay batch may take where a decision may take `timeout_ms`: that, and at least
+/// [`MIN_REPLAY_TIMEOUT_MS`] (a batch is bigger than a decision, and nothing waits on it). One
+/// bound for every shell's replay and for the gateway's origin taking one.
+pub fn replay_timeout_ms(timeout_ms: u64) -> u64 {
+    timeout_ms.max(MIN_REPLAY_TIMEOUT_MS)
 }
 
 /// What a call carries.

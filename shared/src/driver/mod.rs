@@ -46,6 +46,7 @@ use alloc::vec::Vec;
 pub use flow::{
     CallKind, DecidedBy, Dispatch, Flow, FlowConfig, FlowStats, GroupDone, GroupId, LOG_EVERY_MS,
     Log, MAX_REPLAY_BACKOFF_MS, MIN_REPLAY_TIMEOUT_MS, Outgoing, Quiet, replay_backoff,
+    replay_timeout_ms,
 };
 pub use store::{Home, Replays, Store, TableStore, refused};
 

@@ -1,6 +1,7 @@
 //! The connection to a region's Redis: one node (a `ConnectionManager`), or a Redis Cluster (a
 //! `ClusterConnection`, made on first use, so a gateway starts, and decides locally, while the
-//! cluster is down). Every call is bounded by the origin timeout; the cluster client's own
+//! cluster is down). Every call is bounded by the link's timeout (a replay's bound; the origin
+//! client bounds a decision by the origin timeout); the cluster client's own
 //! defaults would wait minutes on a dead node.
 
 use std::sync::Arc;

@@ -671,7 +671,8 @@ return 0
 
 impl RedisOrigin {
     /// Sets up a lazily connecting client: the gateway starts (and decides locally) even if
-    /// Redis is down, and connects when it comes up.
+    /// Redis is down, and connects when it comes up. `timeout` bounds every command on the
+    /// connection: the longest any call may take (the caller bounds each call by its own).
     pub fn new(url: &str, timeout: Duration) -> Result<Self, OriginError> {
         let link = Link::single(url, timeout)
             .map_err(|e| OriginError::Backend(format!("invalid Redis URL: {e}")))?;

@@ -135,8 +135,6 @@ pub struct Global {
     plan: Mutex<SyncPlan>,
 }
 
-/// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
-/// counts as the gateway answers them (regional never below the view's, the imported global).
 /// Whether cell `sequence` of `state` should be written before the flush loop's next tick.
 fn wants_early(policy: PublishPolicy, state: &strata_core::WindowState, sequence: u64) -> bool {
     state
@@ -144,6 +142,13 @@ fn wants_early(policy: PublishPolicy, state: &strata_core::WindowState, sequence
         .is_some_and(|c| policy.publish_early(c, state.limit()))
 }
 
+/// Merges the origin's count of cell `sequence` into the view's state and returns the cell's
+/// counts as the gateway answers them: the origin's regional count as it came, and the imported
+/// global. Not the view's regional count, the highest any answer brought: an answer pairs its
+/// count with the caller's own count the origin held then (`used`), from which the caller
+/// reckons the passes the origin had not heard of; a higher count from a later answer (another
+/// call on the key, in flight at once) would count those passes twice, and the caller would
+/// deny until the window ends. The origin is floored at the region's published count itself.
 fn answered(state: &mut strata_core::WindowState, sequence: u64, regional: u64) -> Counts {
     state.merge_counts(
         sequence,
@@ -154,7 +159,7 @@ fn answered(state: &mut strata_core::WindowState, sequence: u64, regional: u64) 
     );
     let imported = state.cell(sequence).map(|c| c.counts()).unwrap_or_default();
     Counts {
-        regional: regional.max(imported.regional),
+        regional,
         global: imported.global,
     }
 }
@@ -503,6 +508,34 @@ impl Global {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Answers of two calls on one key in flight at once arrive in any order: each carries the
+    /// count it came with. Answered with the view's highest instead, the earlier call's answer
+    /// paired a later count with its older own count, and the gateway counted the passes between
+    /// twice (`concurrency::multi_limit_requests_racing_on_shared_keys_stay_within_every_limit`
+    /// admitted as few as 121 of 200 under load).
+    #[test]
+    fn an_answer_carries_the_origin_count_it_came_with() {
+        let d = strata_core::WindowDuration::from_ms(60_000).unwrap();
+        let mut state = strata_core::WindowState::new(d, 0);
+        let seq = d.sequence(0);
+        assert_eq!(
+            answered(&mut state, seq, 120).regional,
+            120,
+            "the later call's"
+        );
+        assert_eq!(
+            answered(&mut state, seq, 100).regional,
+            100,
+            "the earlier call's"
+        );
+        let view = state.cell(seq).map(|c| c.counts().regional);
+        assert_eq!(
+            view,
+            Some(120),
+            "the view keeps the highest, which the flush publishes"
+        );
+    }
 
     #[test]
     fn a_sync_reads_every_row_first_and_each_interval_and_what_changed_between() {

@@ -178,13 +178,21 @@ build_envoy() {
 }
 
 wasm_builds() {
-  # The edge and the filter at once: each build's link-time optimization runs on one core, and
-  # cargo builds one thing at a time in a build directory, so the filter builds in one of its
-  # own (scripts read both from their dist/ folders).
+  # The edge and the filter at once, beside the lints (started in the background before them):
+  # each build's link-time optimization runs on one core, and cargo builds one thing at a time
+  # in a build directory, so the filter builds in one of its own (scripts read both from their
+  # dist/ folders); the lints' debug builds live apart from both. The edge's glue needs
+  # wasm-bindgen-cli, which may still be installing.
   local envoy_log="$background_dir/envoy-build.log" envoy_pid edge=0 envoy=0
   (export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/envoy-filter" && build_envoy >"$envoy_log" 2>&1) &
   envoy_pid=$!
-  ./scripts/build-edge.sh || edge=$?
+  until [ -e "$background_dir/wasm-bindgen.rc" ]; do sleep 1; done
+  if [ "$(cat "$background_dir/wasm-bindgen.rc")" = 0 ]; then
+    ./scripts/build-edge.sh || edge=$?
+  else
+    echo "no edge bundle: wasm-bindgen-cli did not install" >&2
+    edge=1
+  fi
   wait "$envoy_pid" || envoy=$?
   cat "$envoy_log"
   [ "$edge" -eq 0 ] && [ "$envoy" -eq 0 ]
@@ -210,16 +218,19 @@ no_std_builds() {
   done
 }
 
-# The installs that take a while on a fresh machine (two cargo builds, npm, pip) run in the
-# background from the start, beside the lints, each logging to a file of its own; a step awaits
-# one where it is first needed and prints its log (its time is then the wait, not the install).
+# The installs that take a while on a fresh machine (two cargo builds, npm, pip) and the Wasm
+# builds run in the background from the start, beside the lints, each logging to a file of its
+# own; a step awaits one where it is first needed and prints its log (its time is then the
+# wait, not the work).
 background_dir=$(mktemp -d)
 trap 'rm -rf "$background_dir"' EXIT
 declare -A background_pids=()
 in_background() {
   local name=$1
   shift
-  ("$@" >"$background_dir/$name.log" 2>&1; echo $? >"$background_dir/$name.rc") &
+  # The status file appears whole (written, then renamed): a job may poll for another's.
+  local out="$background_dir/$name"
+  ("$@" >"$out.log" 2>&1; echo $? >"$out.rc.part" && mv "$out.rc.part" "$out.rc") &
   background_pids[$name]=$!
 }
 await() {
@@ -234,6 +245,7 @@ in_background nextest ensure_nextest
 in_background js ensure_js_runtimes
 in_background envoy ensure_envoy
 in_background schemathesis ensure_schemathesis
+in_background wasm-builds wasm_builds
 step "install and start services (Redis)" ensure_redis
 step "install and start services (MariaDB)" ensure_mariadb
 step "install libfaketime (clock skew between gateway processes)" ensure_faketime
@@ -241,7 +253,7 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy -D warnings (Wasm crates, wasm32)" wasm_clippy
 step "install wasm-bindgen-cli (the version Cargo.lock pins; in the background since the start)" await wasm-bindgen
-step "build the edge bundle and its npm package, and the Envoy filter and its fault-injection test variant, at once (scripts/build-edge.sh, scripts/build-envoy.sh)" wasm_builds
+step "build the edge bundle and its npm package, and the Envoy filter and its fault-injection test variant (scripts/build-edge.sh, scripts/build-envoy.sh; in the background beside the lints)" await wasm-builds
 step "wasm-bindgen-test suites of the edge, under Node" wasm_bindgen_tests
 step "build what the README's examples run (cargo build -p strata-gateway -p strata-lab)" readme_binaries
 step "install workerd, wrangler and TypeScript (npm, pinned; in the background since the start)" await js

@@ -843,12 +843,29 @@ async fn served_connection(base: &str) -> tokio::net::TcpStream {
 /// The headers of a `POST /v1/ratelimit` and 1 byte of its 100-byte body, then silence: a
 /// stalled client.
 async fn stall(s: &mut tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // `Expect: 100-continue`: the gateway says `100 Continue` once its handler reads the body,
+    // so the request is known to be in flight (a SIGTERM before the gateway read the head
+    // found an idle connection, closed at once, and nothing to wait for).
     s.write_all(
-        b"POST /v1/ratelimit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        b"POST /v1/ratelimit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n",
     )
     .await
     .unwrap();
+    let mut said = Vec::new();
+    let mut buf = [0_u8; 256];
+    while !said.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        let n = read.expect("no 100 Continue within 10 s").unwrap();
+        assert!(n > 0, "the gateway closed the connection");
+        said.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        said.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&said)
+    );
+    s.write_all(b"{").await.unwrap();
 }
 
 /// What the gateway wrote on `s` before closing it (the client reads the end of the stream, or

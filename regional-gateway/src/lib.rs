@@ -88,8 +88,7 @@ impl Gateway {
         // The connection's own bound is the longest a call may take, a replay's: the origin
         // client bounds each call by its own (a decision by the origin timeout), and a call
         // given up on leaves the connection, and the commands of others on it, as they are.
-        let timeout_ms = u64::try_from(settings.origin_timeout.as_millis()).unwrap_or(u64::MAX);
-        let link = Duration::from_millis(strata_core::driver::replay_timeout_ms(timeout_ms));
+        let link = origin::replay_bound(settings.origin_timeout);
         let origin = match (&settings.redis_url, settings.redis_cluster.as_slice()) {
             (Some(url), _) => Origin::Redis(
                 RedisOrigin::new(url, link).map_err(|e| StartError::Origin(e.to_string()))?,

@@ -398,9 +398,7 @@ impl Store {
     pub async fn clear_stale_flushes(&self) -> Result<u64, StoreError> {
         match self {
             Store::MySql(p) => {
-                use sqlx::Connection;
-                let mut conn = p.acquire().await.map_err(query)?;
-                let mut tx = conn.begin().await.map_err(query)?;
+                let mut tx = p.begin().await.map_err(query)?;
                 // A registration a running flush holds locked is skipped, never waited on.
                 let stale: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
                     "SELECT flusher FROM ratelimit_flushers WHERE since < {MYSQL_NOW_MS} - ? \

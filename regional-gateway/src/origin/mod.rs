@@ -156,6 +156,13 @@ impl Origin {
     }
 }
 
+/// How long a replay may take where a decision may take `timeout`: the core's bound
+/// ([`strata_core::driver::replay_timeout_ms`]), which the Wasm shells give theirs too.
+pub fn replay_bound(timeout: Duration) -> Duration {
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(strata_core::driver::replay_timeout_ms(timeout_ms))
+}
+
 /// The origin as the gateway calls it: bounded by a timeout, guarded by a breaker, measured.
 #[derive(Debug)]
 pub struct OriginClient {
@@ -217,11 +224,9 @@ impl OriginClient {
         self.timeout
     }
 
-    /// How long a replay may take: the core's bound for a replay where a decision may take
-    /// the timeout ([`strata_core::driver::replay_timeout_ms`]).
+    /// How long a replay may take: [`replay_bound`] of the timeout.
     pub fn replay_timeout(&self) -> Duration {
-        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(strata_core::driver::replay_timeout_ms(timeout_ms))
+        replay_bound(self.timeout)
     }
 
     /// How long the leases this origin grants may be used.

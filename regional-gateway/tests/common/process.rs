@@ -127,6 +127,27 @@ impl GatewayProcess {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+
+    /// Waits until `/healthz` answers (30 s at most): the process serves, whether or not its
+    /// origin answers in time (`/readyz` is a round trip to it).
+    pub async fn alive(&mut self, http: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = http.get(format!("{}/healthz", self.base)).send().await;
+            if answer.is_ok_and(|r| r.status() == 200) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("gateway {} exited before it served: {status}", self.base);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway {} not serving within 30 s",
+                self.base
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
 }
 
 /// `GET <base>/metrics`: the Prometheus text of a gateway listening on a socket.

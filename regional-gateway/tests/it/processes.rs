@@ -411,6 +411,25 @@ async fn conformance_limit(
         .ok_or(format!("no decision: {body}"))
 }
 
+/// Today's one-day window (the conformance limits' duration).
+fn today() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000
+}
+
+/// The count at `base`'s origin of `identifier`'s one-day cell of day `day` (0 if it cannot be
+/// read, as while the breaker is open).
+async fn day_count(
+    http: &reqwest::Client,
+    base: &str,
+    namespace: &str,
+    identifier: &str,
+    day: u64,
+) -> u64 {
+    let read = common::process::read_count(http, base, namespace, identifier, 86_400_000, day);
+    read.await.unwrap_or(0)
+}
+
 /// A descriptor configuration of the conformance table's limits in a file of its own, for a
 /// gateway process's `--rls-config` (removed when dropped): entry keys `conf`, `far` and
 /// `late` limited to `LIMIT`, `BURST_LIMIT` and `LATE_LIMIT` a day.
@@ -464,23 +483,12 @@ async fn a_burst_makes_one_redis_decision_and_an_outages_passes_reach_redis_afte
     let burst = send(common::conformance::BURST_LIMIT);
     common::conformance::one_call(runtime, &format!("burst-{tag}"), burst, calls).await;
     // A cell's count at Redis, read through the gateway (0 while the breaker is open).
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let today = u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000;
+    let today = today();
     let count = |namespace: &'static str, identifier: String| {
         let (http, base) = (http.clone(), base.clone());
         move || {
             let (http, base, identifier) = (http.clone(), base.clone(), identifier.clone());
-            async move {
-                let read = common::process::read_count(
-                    &http,
-                    &base,
-                    namespace,
-                    &identifier,
-                    86_400_000,
-                    today,
-                );
-                read.await.unwrap_or(0)
-            }
+            async move { day_count(&http, &base, namespace, &identifier, today).await }
         }
     };
     let far = format!("far-{tag}");
@@ -619,36 +627,16 @@ async fn decisions_redis_answers_too_late_count_each_request_once() {
     let url = format!("redis://127.0.0.1:{}", slow.port);
     let timeout = format!("{LOST_TIMEOUT_MS}ms");
     let config = RlsConfigFile::new("conformance-lost");
-    let (g, rls_listen) = config.gateway(&["--redis-url", &url, "--origin-timeout", &timeout]);
+    let (mut g, rls_listen) = config.gateway(&["--redis-url", &url, "--origin-timeout", &timeout]);
     // Alive, not ready: its readiness probe, a Redis round trip, outlasts the timeout.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{}/healthz", g.base))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "the gateway never came up");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    g.alive(&http).await;
     let base = g.base.clone();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let today = u64::try_from(now.unwrap().as_millis()).unwrap() / 86_400_000;
+    let today = today();
     let count = |namespace: &'static str, identifier: String| {
         let (http, reader) = (&http, &reader);
         move || {
             let identifier = identifier.clone();
-            async move {
-                let read = common::process::read_count(
-                    http,
-                    reader,
-                    namespace,
-                    &identifier,
-                    86_400_000,
-                    today,
-                );
-                read.await.unwrap_or(0)
-            }
+            async move { day_count(http, reader, namespace, &identifier, today).await }
         }
     };
     let calls = || common::process::decide_calls(&http, &base);
@@ -748,7 +736,7 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             }
             _ => format!("redis://127.0.0.1:{port}"),
         };
-        let (g, rls_listen) = config.gateway(&[
+        let (mut g, rls_listen) = config.gateway(&[
             "--redis-url",
             &url,
             "--failure-mode",
@@ -756,16 +744,7 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
             "--origin-timeout",
             "250ms",
         ]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http
-            .get(format!("{}/healthz", g.base))
-            .send()
-            .await
-            .map_or(true, |r| r.status() != 200)
-        {
-            assert!(Instant::now() < deadline, "gateway not up");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        g.alive(&http).await;
         let (client, base) = (http.clone(), g.base.clone());
         let runtime = format!("gateway, Redis {outage:?}");
         let far = |key| {
@@ -815,7 +794,7 @@ async fn failure_modes_decide_as_named_while_redis_is_unreachable() {
 /// A connection to `base`'s address with one whole `POST /v1/ratelimit` answered on it (so
 /// the gateway serves the connection), kept alive for more.
 async fn served_connection(base: &str) -> tokio::net::TcpStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let address = base.trim_start_matches("http://");
     let mut s = tokio::net::TcpStream::connect(address).await.unwrap();
     let body = r#"{"namespace":"api","identifier":"held","limit":100,"duration":60000}"#;
@@ -824,14 +803,8 @@ async fn served_connection(base: &str) -> tokio::net::TcpStream {
         body.len()
     );
     s.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0_u8; 4096];
     // One answer: its headers, then the body its Content-Length gives.
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") || !answer.ends_with(b"}") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "the gateway closed a fresh connection");
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let answer = read_until(&mut s, |a| head_ends(a) && a.ends_with(b"}")).await;
     assert!(
         answer.starts_with(b"HTTP/1.1 200"),
         "{}",
@@ -840,10 +813,30 @@ async fn served_connection(base: &str) -> tokio::net::TcpStream {
     s
 }
 
+/// Whether `said` holds a whole response head.
+fn head_ends(said: &[u8]) -> bool {
+    said.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// What the gateway writes on `s` until `done` says it is enough (10 s at most; the gateway
+/// closing the connection first fails).
+async fn read_until(s: &mut tokio::net::TcpStream, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut said = Vec::new();
+    let mut buf = [0_u8; 4096];
+    while !done(&said) {
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        let n = read.expect("no answer within 10 s").unwrap();
+        assert!(n > 0, "the gateway closed the connection");
+        said.extend_from_slice(&buf[..n]);
+    }
+    said
+}
+
 /// The headers of a `POST /v1/ratelimit` and 1 byte of its 100-byte body, then silence: a
 /// stalled client.
 async fn stall(s: &mut tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     // `Expect: 100-continue`: the gateway says `100 Continue` once its handler reads the body,
     // so the request is known to be in flight (a SIGTERM before the gateway read the head
     // found an idle connection, closed at once, and nothing to wait for).
@@ -852,14 +845,7 @@ async fn stall(s: &mut tokio::net::TcpStream) {
     )
     .await
     .unwrap();
-    let mut said = Vec::new();
-    let mut buf = [0_u8; 256];
-    while !said.windows(4).any(|w| w == b"\r\n\r\n") {
-        let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
-        let n = read.expect("no 100 Continue within 10 s").unwrap();
-        assert!(n > 0, "the gateway closed the connection");
-        said.extend_from_slice(&buf[..n]);
-    }
+    let said = read_until(s, head_ends).await;
     assert!(
         said.starts_with(b"HTTP/1.1 100"),
         "{}",

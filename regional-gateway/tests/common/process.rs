@@ -110,39 +110,29 @@ impl GatewayProcess {
     /// Waits until the gateway answers `/readyz` with 200 (30 s at most; fails at once if the
     /// process exits).
     pub async fn ready(&mut self, http: &reqwest::Client) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let answer = http.get(format!("{}/readyz", self.base)).send().await;
-            if answer.is_ok_and(|r| r.status() == 200) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("gateway {} exited before ready: {status}", self.base);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "gateway {} not ready within 30 s",
-                self.base
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        self.answers(http, "/readyz", "ready").await;
     }
 
     /// Waits until `/healthz` answers (30 s at most): the process serves, whether or not its
     /// origin answers in time (`/readyz` is a round trip to it).
     pub async fn alive(&mut self, http: &reqwest::Client) {
+        self.answers(http, "/healthz", "serving").await;
+    }
+
+    /// Polls `path` until it answers 200 (30 s at most; fails at once if the process exits).
+    async fn answers(&mut self, http: &reqwest::Client, path: &str, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let answer = http.get(format!("{}/healthz", self.base)).send().await;
+            let answer = http.get(format!("{}{path}", self.base)).send().await;
             if answer.is_ok_and(|r| r.status() == 200) {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("gateway {} exited before it served: {status}", self.base);
+                panic!("gateway {} exited before {what}: {status}", self.base);
             }
             assert!(
                 Instant::now() < deadline,
-                "gateway {} not serving within 30 s",
+                "gateway {} not {what} within 30 s",
                 self.base
             );
             tokio::time::sleep(Duration::from_millis(25)).await;

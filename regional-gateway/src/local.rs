@@ -127,7 +127,9 @@ impl LocalTables {
             let at = if shard == from.shard { from.at } else { 0 };
             // A full batch asks the next shard for nothing, and learns where to go on.
             let left = max.saturating_sub(batch.len());
-            let (taken, next) = self.guard(shard).take_replay_from(left, now_ms, pace, at);
+            // Each shard's turns are its own, or its first slots would all go on one pass.
+            let part = pace.map(|p| p.for_part(u32::try_from(shard).unwrap_or(0)));
+            let (taken, next) = self.guard(shard).take_replay_from(left, now_ms, part, at);
             batch.events.extend(taken.events);
             if let Some(at) = next {
                 return (batch, Some(ReplayCursor { shard, at }));

@@ -411,6 +411,17 @@ impl QuietPace {
         )
     }
 
+    /// The pace of part `part` of a table a shell keeps in several (the gateway's shards),
+    /// all replayed in one pass: each part numbers its slots from 0, so without an offset of
+    /// its own the few keys of each part would all take their turns on the same passes, and a
+    /// pass would carry a third of the quiet keys, the next ones none.
+    pub fn for_part(self, part: u32) -> Self {
+        Self {
+            pass: self.pass.wrapping_add(part),
+            ..self
+        }
+    }
+
     /// Whether this pass is slot `slot`'s turn among one pass in `every` (0: never).
     fn turn(&self, every: u32, slot: u32) -> bool {
         every > 0 && slot.wrapping_add(self.pass) % every == 0

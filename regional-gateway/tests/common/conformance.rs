@@ -445,6 +445,12 @@ pub const PACED_KEYS: usize = 40;
 /// How soon after it is admitted a pass ahead would reach the origin on the next replay pass
 /// (the shells' default interval is 100 ms) and a little.
 pub const NEXT_PASS: Duration = Duration::from_millis(150);
+/// The longest a pacing round may take, from its first send to the end of its read, and
+/// still measure the pace: within it at most four or five passes go, each taking about a
+/// tenth of the keys, fewer than half of them in all.
+const ON_TIME: Duration = Duration::from_millis(350);
+/// Rounds the pacing row tries before it gives up on a machine too loaded to measure it.
+const PACED_ROUNDS: u64 = 6;
 
 /// The pass-ahead pacing row, with the origin up: on each of the cold keys of limit
 /// [`BURST_LIMIT`] (`keys`, [`PACED_KEYS`] of them; the last one a marker), one request passes
@@ -455,7 +461,8 @@ pub const NEXT_PASS: Duration = Duration::from_millis(150);
 /// Then one more request on each, all at once: admitted, and their passes wait for each key's
 /// replay turn (one pass in ten at the default interval, staggered over the table) instead of
 /// the next pass: fewer than half reach the origin within [`NEXT_PASS`] (on the next pass,
-/// nearly all would), and every one within [`REPLAY_BOUND`].
+/// nearly all would), and every one within [`REPLAY_BOUND`]. A round that did not run on time
+/// ([`ON_TIME`]) is sent again.
 pub async fn passes_ahead_wait_for_their_turn<F, Fut, C, CFut>(
     runtime: &str,
     keys: &[String],
@@ -509,20 +516,30 @@ pub async fn passes_ahead_wait_for_their_turn<F, Fut, C, CFut>(
     all_at(1, all.clone()).await;
     at_once(send.clone(), marker).await;
     all_at(1, n..n + 1).await;
-    at_once(send, paced).await;
-    let admitted = Instant::now();
-    tokio::time::sleep_until((admitted + NEXT_PASS).into()).await;
-    let early = counts()
-        .await
-        .get(all.clone())
-        .map_or(0, |c| c.iter().filter(|&&c| c >= 2).count());
-    let took = all_at(2, all).await + NEXT_PASS;
-    println!(
-        "conformance {runtime}: {n} keys' second passes ahead: {early} at the origin within \
-         {NEXT_PASS:?}, all within {took:?}"
-    );
-    assert!(
-        early * 2 < n,
-        "{runtime}: {early} of {n} passes ahead went on the next replay pass"
-    );
+    // A round measures only if it ran on time: on a machine loaded enough to stall the sends or
+    // the read, the passes between them carry more turns than the next pass would (a turn is
+    // a tenth of the keys a pass), and the round proves nothing either way; another is sent.
+    for round in 2..2 + PACED_ROUNDS {
+        let started = Instant::now();
+        at_once(send.clone(), paced).await;
+        tokio::time::sleep_until((Instant::now() + NEXT_PASS).into()).await;
+        let read = counts().await;
+        let window = started.elapsed();
+        let early = read
+            .get(all.clone())
+            .map_or(0, |c| c.iter().filter(|&&c| c >= round).count());
+        let took = all_at(round, all.clone()).await + NEXT_PASS;
+        println!(
+            "conformance {runtime}: {n} keys' passes ahead (round {round}): {early} at the \
+             origin within {window:?} of the first send, all within {took:?}"
+        );
+        if window <= ON_TIME {
+            assert!(
+                early * 2 < n,
+                "{runtime}: {early} of {n} passes ahead went on the next replay pass"
+            );
+            return;
+        }
+    }
+    panic!("{runtime}: no round of the pacing row ran within {ON_TIME:?} ({PACED_ROUNDS} tried)");
 }

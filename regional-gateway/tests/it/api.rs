@@ -915,3 +915,55 @@ async fn origin_decide_leases_far_from_the_limit_and_not_at_the_last_unit(g: Tes
     assert_eq!(last["lease"], 0);
     assert_eq!(last["lease_id"], 0);
 }
+
+/// Passes ahead on keys far from their limit wait for their turn, one pass in ten, and the
+/// turns of the gateway's shards are spread over the passes: with two keys a shard, every
+/// shard's first slots took their turns on the same two passes (a third of the keys or more
+/// on one pass, none on the others), which made each of those passes a burst for the origin.
+#[tokio::test]
+async fn passes_ahead_on_every_shard_take_their_turns_spread_over_the_passes() {
+    let g = common::embedded(&[]).await;
+    let limiter = &g.gateway.limiter;
+    let keys: Vec<String> = (0..2 * limiter.local.shard_count())
+        .map(|i| format!("spread-{i}"))
+        .collect();
+    // The first pass ahead on a cold key goes with the next replay; the second waits its turn.
+    for id in &keys {
+        assert!(g.limit(None, id, 1_000_000).await.0);
+    }
+    assert!(limiter.replay_once().await);
+    for id in &keys {
+        assert!(g.limit(None, id, 1_000_000).await.0);
+    }
+    let seq = T0 / 60_000;
+    let counted = async |id: &str| {
+        let read =
+            json!({"cells":[{"namespace":"api","identifier":id,"duration":60_000,"sequence":seq}]});
+        g.post("/v1/origin/read", None, read).await.body["cells"][0]["regional"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut pump = strata_gateway::limiter::ReplayPump::new(limiter, 100, 0);
+    let (mut per_pass, mut gone) = (Vec::new(), 0);
+    for _ in 0..10 {
+        g.clock.advance(100);
+        assert_eq!(pump.pass(limiter).await.failed, 0);
+        let mut now_gone = 0;
+        for id in &keys {
+            now_gone += usize::from(counted(id).await == 2);
+        }
+        per_pass.push(now_gone - gone);
+        gone = now_gone;
+    }
+    println!("passes ahead of {} keys by pass: {per_pass:?}", keys.len());
+    assert_eq!(
+        gone,
+        keys.len(),
+        "every pass reached the origin: {per_pass:?}"
+    );
+    assert!(
+        per_pass.iter().all(|&n| n * 3 <= keys.len()),
+        "passes ahead of {} keys by pass: {per_pass:?}",
+        keys.len()
+    );
+}

@@ -7,7 +7,9 @@
 //! - a lone client on one gateway, while four others are live but idle, gets its whole budget,
 //!   in order (no denial before the last admission);
 //! - two gateways over a key's limit ask the origin about once per unit the window frees, not
-//!   once per gateway (rivals).
+//!   once per gateway (rivals);
+//! - clients racing through one gateway on multi-limit requests that share a key get exactly
+//!   that key's limit.
 
 use crate::common;
 
@@ -712,4 +714,74 @@ async fn a_lone_gateway_at_its_limit_then_a_second_stay_within_it() {
         "a window over the limit"
     );
     assert!(alone >= 2 * LIMIT, "the lone gateway admitted {alone}");
+}
+
+/// One gateway process, many clients at once, each request two limits all or nothing: its
+/// client's own key first (so requests go to different flows) and one key they all share.
+/// Two decisions on the shared key can then be in flight together; an answer that came back
+/// after a later one once counted the passes between twice, and the gateway denied the
+/// shared key below its limit until the window's end (121-198 of 200 in process). Admitted:
+/// exactly the shared limit, and Redis holds that count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_racing_on_a_shared_key_through_one_gateway_get_exactly_its_limit() {
+    const CLIENTS: usize = 32;
+    const USERS: usize = 8;
+    const EACH: usize = 50;
+    const SHARED: u64 = 200;
+    // 30 days, the longest window: a run never straddles two.
+    const WINDOW_MS: u64 = 2_592_000_000;
+    let redis = RedisServer::start();
+    let gateways = start_gateways(&redis, 1).await;
+    let base = gateways[0].base.clone();
+    let org = fresh("racing-org");
+    let barrier = Arc::new(Barrier::new(CLIENTS));
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (base, org, barrier) = (base.clone(), org.clone(), barrier.clone());
+            let user = format!("{org}-user-{}", c % USERS);
+            tokio::spawn(async move {
+                let http = client();
+                let body = json!({"limits": [
+                    {"namespace":"user","identifier":user,"limit":100,"duration":WINDOW_MS},
+                    {"namespace":"org","identifier":org,"limit":SHARED,"duration":WINDOW_MS},
+                ]});
+                barrier.wait().await;
+                let mut admitted = 0_u64;
+                for _ in 0..EACH {
+                    let r = http
+                        .post(format!("{base}/v1/ratelimit/multi"))
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    let answer: Value = r.json().await.unwrap();
+                    admitted += u64::from(answer["success"] == true);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    // 8 users x 100 would pass the user limits; the shared one caps them at exactly 200.
+    assert_eq!(admitted, SHARED, "admitted through one gateway");
+    let http = client();
+    let sequence = unix_ms() / WINDOW_MS;
+    let cell = json!({"cells":[{"namespace":"org","identifier":org,"duration":WINDOW_MS,"sequence":sequence}]});
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("{base}/v1/origin/read");
+        let counted = common::post_json(&http, url, &cell).await["cells"][0]["regional"].clone();
+        if counted == SHARED {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis holds {counted} for the shared key, admitted {SHARED}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -101,7 +101,8 @@ ensure_wasm_bindgen_cli() {
   [ -n "$want" ] || { echo "no wasm-bindgen in Cargo.lock" >&2; return 1; }
   have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')
   if [ "$have" != "$want" ]; then
-    # About 10 minutes on 2 cores, once. `--locked` fails here (a locked dependency is gone).
+    # About 2.5 minutes on 2 cores alone, once (7 beside the lints). `--locked` fails here (a
+    # locked dependency is gone).
     echo "installing wasm-bindgen-cli $want (found: ${have:-none})"
     cargo install wasm-bindgen-cli --version "$want" --force || return 1
   fi

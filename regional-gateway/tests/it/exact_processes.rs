@@ -748,14 +748,8 @@ async fn clients_racing_on_a_shared_key_through_one_gateway_get_exactly_its_limi
                 barrier.wait().await;
                 let mut admitted = 0_u64;
                 for _ in 0..EACH {
-                    let r = http
-                        .post(format!("{base}/v1/ratelimit/multi"))
-                        .json(&body)
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    let answer: Value = r.json().await.unwrap();
+                    let url = format!("{base}/v1/ratelimit/multi");
+                    let answer = common::post_json(&http, url, &body).await;
                     admitted += u64::from(answer["success"] == true);
                 }
                 admitted
@@ -770,17 +764,16 @@ async fn clients_racing_on_a_shared_key_through_one_gateway_get_exactly_its_limi
     assert_eq!(admitted, SHARED, "admitted through one gateway");
     let http = client();
     let sequence = unix_ms() / WINDOW_MS;
-    let cell = json!({"cells":[{"namespace":"org","identifier":org,"duration":WINDOW_MS,"sequence":sequence}]});
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let url = format!("{base}/v1/origin/read");
-        let counted = common::post_json(&http, url, &cell).await["cells"][0]["regional"].clone();
-        if counted == SHARED {
+        let read = common::process::read_count(&http, &base, "org", &org, WINDOW_MS, sequence);
+        let counted = read.await;
+        if counted == Ok(SHARED) {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "Redis holds {counted} for the shared key, admitted {SHARED}"
+            "Redis holds {counted:?} for the shared key, admitted {SHARED}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -59,27 +59,14 @@ fn slot_block() -> Option<std::ops::Range<u16>> {
 /// ports (8080-8082, 8787, 9901, 10000) and paths (`/tmp/strata`), which are machine-wide.
 /// Held until the file is dropped; waits at most 15 minutes for another run.
 pub fn readme_lock() -> std::fs::File {
-    lock(
-        "/tmp/strata-readme-examples.lock",
-        "the README's ports and /tmp paths",
-    )
-}
-
-/// The lock of the README's lab examples, which write to `/tmp/strata-lab` (their ports are
-/// the test's own): runs on one machine take turns on it, beside the other examples.
-pub fn readme_lab_lock() -> std::fs::File {
-    lock("/tmp/strata-readme-lab.lock", "the README lab's /tmp path")
-}
-
-/// Takes the lock file `path`, guarding `what`, waiting at most 15 minutes.
-fn lock(path: &str, what: &str) -> std::fs::File {
+    let path = "/tmp/strata-readme-examples.lock";
     let file = std::fs::File::create(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let deadline = Instant::now() + Duration::from_secs(900);
     #[allow(clippy::incompatible_msrv)] // tests build with the pinned 1.95; File::try_lock is 1.89
     while file.try_lock().is_err() {
         assert!(
             Instant::now() < deadline,
-            "another run has held {path} ({what}) for over 900s"
+            "another run has held {path} (the README's ports and /tmp paths) for over 900s"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

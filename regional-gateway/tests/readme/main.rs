@@ -21,9 +21,7 @@
 //! at its port, `remaining` compared as an upper bound (the shared Redis keeps counts across
 //! runs). A `--redis-url` must answer PING first (fail, never skip); an absolute `--data-dir`
 //! (the README's `/tmp/strata`) must not exist beforehand and is removed at the end; the ports
-//! the README uses must be free: runs on one machine take turns on a lock file. The lab's
-//! examples, which use none of those ports, are a test of their own (`APART`) on a lock of their
-//! own, so the longest examples run beside the others.
+//! the README uses must be free: runs on one machine take turns on a lock file.
 //!
 //! Settings: `README_EXAMPLES_PROFILE` (debug or release), `README_EXAMPLES_BUILD_TIMEOUT` (s,
 //! default 1800: cargo's build and lock waits), `README_EXAMPLES_READY_TIMEOUT` (s, default 30),
@@ -337,25 +335,8 @@ fn ready(
     Ok(())
 }
 
-/// The sections whose examples start nothing on the README's ports (the lab's take theirs from
-/// the test's nextest slot): a test of their own, which runs beside the others rather than
-/// after them, on a lock of its own for the path they write to.
-const APART: &[&str] = &["The accuracy lab"];
-
 #[test]
 fn the_run_sections_examples_work_as_written() {
-    let _lock = port::readme_lock();
-    run_examples("the Run section", |heading| !APART.contains(&heading));
-}
-
-#[test]
-fn the_lab_examples_work_as_written() {
-    let _lock = port::readme_lab_lock();
-    run_examples(&format!("{APART:?}"), |heading| APART.contains(&heading));
-}
-
-/// Runs the examples of the blocks whose heading `runs` takes (`which` names them).
-fn run_examples(which: &str, runs: impl Fn(&str) -> bool) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("repository root")
@@ -381,6 +362,7 @@ fn run_examples(which: &str, runs: impl Fn(&str) -> bool) {
         ready: setting("README_EXAMPLES_READY_TIMEOUT", 30),
     };
 
+    let _lock = port::readme_lock();
     let work = std::env::temp_dir().join(format!("strata-readme-run-{}", std::process::id()));
     let reader = work.join("reader");
     let tmp = work.join("tmp");
@@ -429,15 +411,8 @@ fn run_examples(which: &str, runs: impl Fn(&str) -> bool) {
         data_dir: markdown::table_default(&readme, "--data-dir")
             .expect("the settings table's --data-dir default"),
     };
-    let blocks: Vec<Block> = markdown::blocks(&readme)
-        .expect("README")
-        .into_iter()
-        .filter(|b| runs(&b.heading))
-        .collect();
-    assert!(
-        !blocks.is_empty(),
-        "no example blocks under \"## Run\" for {which} (a heading renamed?)"
-    );
+    let blocks: Vec<Block> = markdown::blocks(&readme).expect("README");
+    assert!(!blocks.is_empty(), "no example blocks under \"## Run\"");
 
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut sessions: Vec<(u32, usize)> = Vec::new();

@@ -3,8 +3,9 @@
 //! live cell) and batched cleanup, one statement shape per dialect.
 
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::{MySql, QueryBuilder, Row, Sqlite};
 use std::str::FromStr;
 use std::time::Duration;
 use strata_core::gcounter::FlushRow;
@@ -58,6 +59,94 @@ pub enum StoreError {
 
 fn query(e: sqlx::Error) -> StoreError {
     StoreError::Query(e.to_string())
+}
+
+/// The MySQL lock migrations run under, named for the database (at most 64 characters, as
+/// `GET_LOCK` wants), and how long a migration waits for another's to end.
+macro_rules! migrate_lock {
+    () => {
+        "LEFT(CONCAT('strata_schema.', COALESCE(DATABASE(), '')), 64)"
+    };
+}
+const GET_MIGRATE_LOCK: &str = concat!("SELECT GET_LOCK(", migrate_lock!(), ", ?)");
+const RELEASE_MIGRATE_LOCK: &str = concat!("SELECT RELEASE_LOCK(", migrate_lock!(), ")");
+const MIGRATE_LOCK_SECS: i64 = 30;
+
+/// The one connection a migration runs on (it holds the lock or the transaction).
+enum Migrating {
+    MySql(PoolConnection<MySql>),
+    Sqlite(PoolConnection<Sqlite>),
+}
+
+impl Migrating {
+    async fn run(&mut self, sql: &str) -> Result<(), StoreError> {
+        let done = match self {
+            Migrating::MySql(c) => sqlx::Executor::execute(&mut **c, sql).await.map(|_| ()),
+            Migrating::Sqlite(c) => sqlx::Executor::execute(&mut **c, sql).await.map(|_| ()),
+        };
+        done.map_err(query)
+    }
+
+    /// Closes the connection instead of returning it to the pool.
+    fn close(self) {
+        match self {
+            Migrating::MySql(c) => drop(c.detach()),
+            Migrating::Sqlite(c) => drop(c.detach()),
+        }
+    }
+
+    async fn version(&mut self) -> Result<i64, StoreError> {
+        let sql = "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM strata_schema_version";
+        let version = match self {
+            Migrating::MySql(c) => sqlx::query_scalar(sql).fetch_one(&mut **c).await,
+            Migrating::Sqlite(c) => sqlx::query_scalar(sql).fetch_one(&mut **c).await,
+        };
+        version.map_err(query)
+    }
+
+    async fn record(&mut self, version: i64) -> Result<(), StoreError> {
+        let sql = "INSERT INTO strata_schema_version (version) VALUES (?)";
+        let done = match self {
+            Migrating::MySql(c) => sqlx::query(sql)
+                .bind(version)
+                .execute(&mut **c)
+                .await
+                .map(|_| ()),
+            Migrating::Sqlite(c) => sqlx::query(sql)
+                .bind(version)
+                .execute(&mut **c)
+                .await
+                .map(|_| ()),
+        };
+        done.map_err(query)
+    }
+}
+
+/// Applies the migrations past the schema's version, each recorded as it lands.
+async fn apply_migrations(conn: &mut Migrating) -> Result<usize, StoreError> {
+    conn.run("CREATE TABLE IF NOT EXISTS strata_schema_version (version BIGINT NOT NULL)")
+        .await?;
+    let current = conn.version().await?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Newer {
+            found: current,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let scripts: &[&str] = match conn {
+        Migrating::MySql(_) => &MYSQL,
+        Migrating::Sqlite(_) => &SQLITE,
+    };
+    let mut applied = 0;
+    for (i, sql) in scripts.iter().enumerate() {
+        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        if version > current {
+            conn.run(sql).await?;
+            conn.record(version).await?;
+            applied += 1;
+        }
+    }
+    Ok(applied)
 }
 
 /// One row of a sync: a live cell's own-region and foreign sums.
@@ -315,65 +404,51 @@ impl Store {
     }
 
     /// Brings the schema to this binary's version; refuses a newer one. Returns how many
-    /// migrations it applied.
+    /// migrations it applied. Gateways rolled out together migrate one database at once, so
+    /// one migrates at a time: on MySQL under a named lock of the database's
+    /// ([`MIGRATE_LOCK_SECS`] to get it), on SQLite in one write transaction (DDL is
+    /// transactional there); the others then find the schema current and apply nothing.
     pub async fn migrate(&self) -> Result<usize, StoreError> {
-        let create = "CREATE TABLE IF NOT EXISTS strata_schema_version (version BIGINT NOT NULL)";
-        let current: i64 = match self {
+        match self {
             Store::MySql(p) => {
-                sqlx::raw_sql(create).execute(p).await.map_err(query)?;
-                sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM strata_schema_version",
-                )
-                .fetch_one(p)
-                .await
-                .map_err(query)?
+                let mut conn = p.acquire().await.map_err(query)?;
+                let got: Option<i64> = sqlx::query_scalar(GET_MIGRATE_LOCK)
+                    .bind(MIGRATE_LOCK_SECS)
+                    .fetch_one(conn.as_mut())
+                    .await
+                    .map_err(query)?;
+                if got != Some(1) {
+                    return Err(StoreError::Query(format!(
+                        "another process held the schema migration lock for {MIGRATE_LOCK_SECS} s"
+                    )));
+                }
+                let mut migrating = Migrating::MySql(conn);
+                let applied = apply_migrations(&mut migrating).await;
+                let released = migrating.run(RELEASE_MIGRATE_LOCK).await;
+                if released.is_err() {
+                    // A session's locks end with it: the connection is closed, not pooled.
+                    migrating.close();
+                }
+                applied
             }
             Store::Sqlite(p) => {
-                sqlx::raw_sql(create).execute(p).await.map_err(query)?;
-                sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM strata_schema_version")
-                    .fetch_one(p)
-                    .await
-                    .map_err(query)?
-            }
-        };
-        if current > SCHEMA_VERSION {
-            return Err(StoreError::Newer {
-                found: current,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        let scripts: &[&str] = match self {
-            Store::MySql(_) => &MYSQL,
-            Store::Sqlite(_) => &SQLITE,
-        };
-        let mut applied = 0;
-        for (i, sql) in scripts.iter().enumerate() {
-            let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
-            if version <= current {
-                continue;
-            }
-            let record = "INSERT INTO strata_schema_version (version) VALUES (?)";
-            match self {
-                Store::MySql(p) => {
-                    sqlx::raw_sql(sql).execute(p).await.map_err(query)?;
-                    sqlx::query(record)
-                        .bind(version)
-                        .execute(p)
-                        .await
-                        .map_err(query)?;
-                }
-                Store::Sqlite(p) => {
-                    sqlx::raw_sql(sql).execute(p).await.map_err(query)?;
-                    sqlx::query(record)
-                        .bind(version)
-                        .execute(p)
-                        .await
-                        .map_err(query)?;
+                let mut migrating = Migrating::Sqlite(p.acquire().await.map_err(query)?);
+                migrating.run("BEGIN IMMEDIATE").await?;
+                let applied = apply_migrations(&mut migrating).await;
+                let end = if applied.is_ok() {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                };
+                match migrating.run(end).await {
+                    Ok(()) => applied,
+                    Err(e) => {
+                        migrating.close();
+                        applied.and(Err(e))
+                    }
                 }
             }
-            applied += 1;
         }
-        Ok(applied)
     }
 
     /// Writes this region's components (`count = GREATEST(count, new)`), in the rows' order

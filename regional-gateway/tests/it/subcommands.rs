@@ -1,5 +1,6 @@
 //! The built binary as an operator runs it: the `migrate` and `cleanup` subcommands on both
-//! dialects, a database at a newer schema refused, and a gateway that starts while its global
+//! dialects, several processes migrating one database at once, a database at a newer schema
+//! refused, and a gateway that starts while its global
 //! table is unreachable (it decides; the loops count their failures and retry).
 
 use crate::common;
@@ -94,6 +95,64 @@ async fn migrate_and_cleanup_on_sqlite() {
 async fn migrate_and_cleanup_on_mariadb() {
     let db = SharedDatabase::create(&unique("strata_subcommands")).await;
     operator_tasks(&db.url(), "mysql").await;
+    db.drop().await;
+}
+
+/// Gateways of a fleet rolled out at once migrate one database at the same moment: each of
+/// `PROCESSES` `migrate` processes succeeds, the migrations are applied once between them, and
+/// each schema version is recorded once.
+async fn migrations_at_once(url: &str) {
+    const PROCESSES: usize = 4;
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
+                .args(["--database-url", url, "migrate"])
+                .env_remove("STRATA_DATABASE_URL")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut applied = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "a migrate process failed: {stderr}");
+        let n: i64 = stdout
+            .split("applied ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of migrations applied: {stdout}"));
+        applied += n;
+    }
+    assert_eq!(applied, SCHEMA_VERSION, "migrations applied between them");
+    let store = Store::connect(url, Duration::from_secs(5)).unwrap();
+    let versions = "SELECT CAST(version AS SIGNED), CAST(COUNT(*) AS SIGNED) FROM strata_schema_version \
+                    GROUP BY version ORDER BY version";
+    let recorded: Vec<(i64, i64)> = match &store {
+        Store::MySql(p) => sqlx::query_as(versions).fetch_all(p).await.unwrap(),
+        Store::Sqlite(p) => sqlx::query_as(versions).fetch_all(p).await.unwrap(),
+    };
+    let once: Vec<(i64, i64)> = (1..=SCHEMA_VERSION).map(|v| (v, 1)).collect();
+    assert_eq!(recorded, once, "each version recorded once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_by_several_processes_at_once_apply_once_on_sqlite() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("strata-migrate-race")));
+    migrations_at_once(&format!("sqlite://{}", path.display())).await;
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_by_several_processes_at_once_apply_once_on_mariadb() {
+    let db = SharedDatabase::create(&unique("strata_migrate_race")).await;
+    migrations_at_once(&db.url()).await;
     db.drop().await;
 }
 

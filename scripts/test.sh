@@ -206,10 +206,18 @@ wasm_bindgen_tests() {
 
 readme_binaries() {
   # The README's Run examples build the gateway and the lab by themselves (`cargo run -p
-  # strata-gateway`, `cargo build -p strata-gateway -p strata-lab`), with the features those two
-  # packages ask for rather than the whole workspace's: built here, so that the test running the
-  # examples finds them built instead of compiling beside the other tests.
-  cargo build -p strata-gateway -p strata-lab
+  # strata-gateway`, `cargo build -p strata-gateway -p strata-lab`): built here, so that the test
+  # running the examples finds them built instead of compiling beside the other tests. The
+  # gateway alone is then built already, since its Cargo.toml says the features the workspace's
+  # other members enable on what it shares with them; this fails when that list falls behind.
+  cargo build -p strata-gateway -p strata-lab || return 1
+  local again
+  again=$(cargo build -p strata-gateway 2>&1) || { echo "$again"; return 1; }
+  echo "$again"
+  if grep -q Compiling <<<"$again"; then
+    echo "cargo build -p strata-gateway compiled again after cargo build -p strata-gateway -p strata-lab: a dependency's features differ between the two builds; add them to the list in regional-gateway/Cargo.toml" >&2
+    return 1
+  fi
 }
 
 no_std_builds() {

@@ -823,8 +823,9 @@ async fn a_flood_of_keys_stays_within_the_table_capacity_and_loses_no_count() {
 async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request() {
     let s = stack_with(&RENEWING).await;
     // `deny`: no request passes ahead (a key answered by replays alone holds no lease to
-    // renew), so the first is decided at the gateway, which lends the lease.
-    let options = json!({"shared_slots": 0, "failure_mode": "deny"});
+    // renew), so the first is decided at the gateway, which lends the lease; it may take 2 s
+    // (a call past the timeout would be denied, and the row is about renewal, not timeouts).
+    let options = json!({"shared_slots": 0, "failure_mode": "deny", "timeout_ms": 2_000});
     let e = envoy(&s, &per_key(1_000_000), &options).await;
     let sent = steady_use(&s, &e.base).await;
     let stats = e.filter_stats(&s.http).await;

@@ -774,6 +774,9 @@ async fn a_lease_in_steady_use_is_renewed_by_the_replay_not_by_a_waiting_request
     // `deny`: no request passes ahead (a key answered by replays alone holds no lease to
     // renew), so the first is decided at the gateway, which lends the lease.
     vars.push(("STRATA_FAILURE_MODE", "deny"));
+    // It may take 2 s: a call past the timeout would be denied (beside the suite's other tests
+    // the first one was, 429 for a key of a million), and the row is about renewal.
+    vars.push(("STRATA_TIMEOUT_MS", "2000"));
     let mut edge = Workerd::proxy(&vars);
     edge.ready().await;
     let sent = steady_use(&s, &format!("{}/items", edge.base)).await;

@@ -33,8 +33,12 @@ const ORIGIN_TIMEOUT: [&str; 2] = ["--origin-timeout", "2s"];
 
 /// A gateway process on `redis`, with the defaults a user would run but [`ORIGIN_TIMEOUT`].
 fn start_gateway(redis: &RedisServer) -> Gateway {
-    let url = redis.url();
-    Gateway::start(&[&["--redis-url", url.as_str()], &ORIGIN_TIMEOUT[..]].concat())
+    Gateway::start(&args(&redis.url(), &[]))
+}
+
+/// A gateway's arguments: Redis at `url`, `extra`, then [`ORIGIN_TIMEOUT`].
+fn args<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    [&["--redis-url", url], extra, &ORIGIN_TIMEOUT].concat()
 }
 
 /// `n` gateways on `redis`, started together, each ready.
@@ -451,7 +455,7 @@ async fn gateways_whose_clocks_disagree_by_seconds_admit_the_limit() {
     );
     let redis = RedisServer::start();
     let url = redis.url();
-    let args = [&["--redis-url", url.as_str()], &ORIGIN_TIMEOUT[..]].concat();
+    let args = args(&url, &[]);
     let mut behind = Gateway::start(&args);
     let skew = [
         ("LD_PRELOAD", FAKETIME),
@@ -587,13 +591,7 @@ async fn leases_in_steady_use_are_renewed_across_gateway_processes() {
     let url = redis.url();
     let http = client();
     let mut gateways: Vec<Gateway> = (0..GATEWAYS)
-        .map(|_| {
-            let args = [
-                &["--redis-url", url.as_str(), "--fresh-for", "1s"],
-                &ORIGIN_TIMEOUT[..],
-            ];
-            Gateway::start(&args.concat())
-        })
+        .map(|_| Gateway::start(&args(&url, &["--fresh-for", "1s"])))
         .collect();
     for g in &mut gateways {
         g.ready(&http).await;

@@ -14,13 +14,16 @@ use strata_core::gcounter::FlushRow;
 use strata_core::{Region, WindowDuration, WindowKey};
 use strata_gateway::global::{SCHEMA_VERSION, Store};
 
+/// `strata-gateway <args>` as an operator starts it (no database URL inherited).
+fn gateway_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_strata-gateway"));
+    command.args(args).env_remove("STRATA_DATABASE_URL");
+    command
+}
+
 /// Runs `strata-gateway <args>`: exit success, stdout, stderr.
 fn gateway(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
-        .args(args)
-        .env_remove("STRATA_DATABASE_URL")
-        .output()
-        .unwrap();
+    let out = gateway_command(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string(),
@@ -105,9 +108,7 @@ async fn migrations_at_once(url: &str) {
     const PROCESSES: usize = 4;
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
-                .args(["--database-url", url, "migrate"])
-                .env_remove("STRATA_DATABASE_URL")
+            gateway_command(&["--database-url", url, "migrate"])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
